@@ -1,0 +1,1 @@
+"""specdec draft_service."""

@@ -1,0 +1,89 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class KVScaleTable(_message.Message):
+    __slots__ = ("version", "dtype", "k_scale", "v_scale")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    K_SCALE_FIELD_NUMBER: _ClassVar[int]
+    V_SCALE_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    dtype: str
+    k_scale: _containers.RepeatedScalarFieldContainer[float]
+    v_scale: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, version: _Optional[int] = ..., dtype: _Optional[str] = ..., k_scale: _Optional[_Iterable[float]] = ..., v_scale: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class SamplingParams(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("model", "vocab_size", "max_model_len", "kv_cache_dtype", "num_free_pages", "num_total_pages", "page_size", "eos_token_ids", "kv_scales", "num_layers", "num_steps", "num_ingest_plans", "num_ingested_tokens", "num_sequences")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOTAL_PAGES_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    KV_SCALES_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    NUM_INGEST_PLANS_FIELD_NUMBER: _ClassVar[int]
+    NUM_INGESTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    vocab_size: int
+    max_model_len: int
+    kv_cache_dtype: str
+    num_free_pages: int
+    num_total_pages: int
+    page_size: int
+    eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    kv_scales: KVScaleTable
+    num_layers: int
+    num_steps: int
+    num_ingest_plans: int
+    num_ingested_tokens: int
+    num_sequences: int
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., num_free_pages: _Optional[int] = ..., num_total_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., kv_scales: _Optional[_Union[KVScaleTable, _Mapping]] = ..., num_layers: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_ingest_plans: _Optional[int] = ..., num_ingested_tokens: _Optional[int] = ..., num_sequences: _Optional[int] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("request_ids",)
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("num_released", "num_free_pages")
+    NUM_RELEASED_FIELD_NUMBER: _ClassVar[int]
+    NUM_FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
+    num_released: int
+    num_free_pages: int
+    def __init__(self, num_released: _Optional[int] = ..., num_free_pages: _Optional[int] = ...) -> None: ...
+
+class CachedLength(_message.Message):
+    __slots__ = ("request_id", "num_cached_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    num_cached_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., num_cached_tokens: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,60 @@
+from protos.specdec.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class IngestPlan(_message.Message):
+    __slots__ = ("request_id", "start_position", "token_ids")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    START_POSITION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    start_position: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., start_position: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ProposeEntry(_message.Message):
+    __slots__ = ("request_id", "num_tokens", "sampling")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    num_tokens: int
+    sampling: _common_pb2.SamplingParams
+    def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+
+class DraftStepRequest(_message.Message):
+    __slots__ = ("step_id", "kv_scales_version", "kv_scales", "ingest", "propose")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    KV_SCALES_VERSION_FIELD_NUMBER: _ClassVar[int]
+    KV_SCALES_FIELD_NUMBER: _ClassVar[int]
+    INGEST_FIELD_NUMBER: _ClassVar[int]
+    PROPOSE_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    kv_scales_version: int
+    kv_scales: _common_pb2.KVScaleTable
+    ingest: _containers.RepeatedCompositeFieldContainer[IngestPlan]
+    propose: _containers.RepeatedCompositeFieldContainer[ProposeEntry]
+    def __init__(self, step_id: _Optional[int] = ..., kv_scales_version: _Optional[int] = ..., kv_scales: _Optional[_Union[_common_pb2.KVScaleTable, _Mapping]] = ..., ingest: _Optional[_Iterable[_Union[IngestPlan, _Mapping]]] = ..., propose: _Optional[_Iterable[_Union[ProposeEntry, _Mapping]]] = ...) -> None: ...
+
+class Proposal(_message.Message):
+    __slots__ = ("request_id", "token_ids", "draft_probs")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    draft_probs: bytes
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[bytes] = ...) -> None: ...
+
+class DraftStepResponse(_message.Message):
+    __slots__ = ("proposals", "cached")
+    PROPOSALS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    proposals: _containers.RepeatedCompositeFieldContainer[Proposal]
+    cached: _containers.RepeatedCompositeFieldContainer[_common_pb2.CachedLength]
+    def __init__(self, proposals: _Optional[_Iterable[_Union[Proposal, _Mapping]]] = ..., cached: _Optional[_Iterable[_Union[_common_pb2.CachedLength, _Mapping]]] = ...) -> None: ...

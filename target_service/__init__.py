@@ -1,0 +1,1 @@
+"""specdec target_service."""
