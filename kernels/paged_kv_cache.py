@@ -1,0 +1,210 @@
+"""Paged KV storage (FlashInfer's NHD layout) plus per-sequence page tables.
+
+One tensor per layer, ``[num_pages, 2, page_size, num_kv_heads, head_dim]``; index 0 of
+dim 1 is K, index 1 is V. A token at position ``t`` of a sequence lives in page
+``page_table[t // page_size]`` at offset ``t % page_size``; its flat *slot* is
+``page * page_size + offset``. Storage is either the compute dtype or FP8, in which case
+:meth:`PagedKVCache.write` quantises with the layer's per-tensor scales.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from kernels.fp8 import is_fp8, quantize_fp8
+from kernels.page_allocator import OutOfPagesError, PageAllocator
+
+__all__ = ["OutOfPagesError", "PageAllocator", "PagedKVCache"]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class PagedKVCache:
+    """KV pages for ``num_layers`` layers and the page table of every open sequence.
+
+    Invariants: an open sequence of length ``n`` owns exactly ``ceil(n / page_size)``
+    pages; every failing call leaves the bookkeeping unchanged.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if page_size <= 0:
+            raise ValueError(f"page_size must be positive, got {page_size}")
+        self.num_layers = num_layers
+        self.page_size = page_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self._allocator = PageAllocator(num_pages)
+        shape = (num_pages, 2, page_size, num_kv_heads, head_dim)
+        self.kv_layers: list[torch.Tensor] = [
+            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+        ]
+        self._pages: dict[str, list[int]] = {}
+        self._lens: dict[str, int] = {}
+
+    # ---- sizes -------------------------------------------------------------------------
+
+    @property
+    def num_pages(self) -> int:
+        return self._allocator.num_pages
+
+    @property
+    def num_free_pages(self) -> int:
+        return self._allocator.num_free
+
+    @property
+    def seq_ids(self) -> Iterable[str]:
+        return self._pages.keys()
+
+    # ---- sequence bookkeeping ----------------------------------------------------------
+
+    def open(self, seq_id: str) -> None:
+        """Start an empty sequence. ValueError if ``seq_id`` is already open."""
+        if seq_id in self._pages:
+            raise ValueError(f"sequence {seq_id!r} is already open in the KV cache")
+        self._pages[seq_id] = []
+        self._lens[seq_id] = 0
+
+    def has(self, seq_id: str) -> bool:
+        return seq_id in self._pages
+
+    def seq_len(self, seq_id: str) -> int:
+        return self._lens[self._check_open(seq_id)]
+
+    def page_table(self, seq_id: str) -> list[int]:
+        """The sequence's pages in token order (a copy)."""
+        return list(self._pages[self._check_open(seq_id)])
+
+    def reserve(self, seq_ids: list[str], num_new_tokens: list[int]) -> torch.Tensor:
+        """Grow each sequence by its count; return the int64 slots of all new tokens.
+
+        Slots are concatenated in batch order. All-or-nothing across the batch: on
+        OutOfPagesError (or KeyError for a sequence that is not open) nothing changes.
+        """
+        if len(seq_ids) != len(num_new_tokens):
+            raise ValueError("seq_ids and num_new_tokens must have the same length")
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"duplicate sequence ids in one reserve call: {seq_ids}")
+        needed = []
+        for seq_id, n in zip(seq_ids, num_new_tokens, strict=True):
+            self._check_open(seq_id)
+            if n < 0:
+                raise ValueError(f"num_new_tokens must be >= 0, got {n} for {seq_id!r}")
+            new_len = self._lens[seq_id] + n
+            needed.append(_cdiv(new_len, self.page_size) - len(self._pages[seq_id]))
+        total = sum(needed)
+        if total > self._allocator.num_free:
+            raise OutOfPagesError(total, self._allocator.num_free, self.page_size)
+        new_pages = self._allocator.allocate(total)
+
+        slots: list[int] = []
+        cursor = 0
+        ps = self.page_size
+        for seq_id, n, k in zip(seq_ids, num_new_tokens, needed, strict=True):
+            pages = self._pages[seq_id]
+            pages.extend(new_pages[cursor : cursor + k])
+            cursor += k
+            start = self._lens[seq_id]
+            slots.extend(pages[t // ps] * ps + t % ps for t in range(start, start + n))
+            self._lens[seq_id] = start + n
+        return torch.tensor(slots, dtype=torch.int64, device=self.device)
+
+    def truncate(self, seq_id: str, length: int) -> None:
+        """Keep the first ``length`` tokens and free the pages past them."""
+        current = self.seq_len(seq_id)
+        if not 0 <= length <= current:
+            raise ValueError(f"cannot truncate {seq_id!r} to {length} tokens: it holds {current}")
+        pages = self._pages[seq_id]
+        keep = _cdiv(length, self.page_size)
+        self._allocator.free(pages[keep:])
+        del pages[keep:]
+        self._lens[seq_id] = length
+
+    def free(self, seq_id: str) -> None:
+        """Close the sequence and return all its pages."""
+        self._allocator.free(self._pages[self._check_open(seq_id)])
+        del self._pages[seq_id]
+        del self._lens[seq_id]
+
+    # ---- data --------------------------------------------------------------------------
+
+    def write(
+        self,
+        layer: int,
+        slot_mapping: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
+    ) -> None:
+        """Store ``k``, ``v`` ``[num_tokens, num_kv_heads, head_dim]`` at the given slots.
+
+        FP8 caches store ``fp8(clamp(x / scale))``; others store the values cast to the
+        cache dtype and ignore the scales.
+        """
+        if k.shape != v.shape or k.shape[1:] != (self.num_kv_heads, self.head_dim):
+            raise ValueError(
+                f"k and v must be [num_tokens, {self.num_kv_heads}, {self.head_dim}], "
+                f"got {tuple(k.shape)} and {tuple(v.shape)}"
+            )
+        if is_fp8(self.dtype):
+            k = quantize_fp8(k, k_scale, self.dtype)
+            v = quantize_fp8(v, v_scale, self.dtype)
+        else:
+            k = k.to(self.dtype)
+            v = v.to(self.dtype)
+        slots = slot_mapping.to(device=self.device, dtype=torch.int64)
+        ps = self.page_size
+        # Row of slot s in the [num_pages * 2 * page_size] view: page s // ps, K at
+        # offset s % ps of its K half; V is page_size rows further.
+        k_rows = (slots // ps) * (2 * ps) + slots % ps
+        rows = torch.cat([k_rows, k_rows + ps])
+        data = torch.cat([k, v]).to(self.device)
+        flat = self.kv_layers[layer].view(-1, self.num_kv_heads, self.head_dim)
+        if is_fp8(self.dtype):
+            # index_copy_ has no fp8 kernel on CPU; the bytes are what we copy anyway.
+            flat, data = flat.view(torch.uint8), data.view(torch.uint8)
+        flat.index_copy_(0, rows, data)
+
+    def flashinfer_layout(
+        self, seq_ids: list[str]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(kv_indptr, kv_indices, kv_last_page_len)`` int32 on the cache device.
+
+        FlashInfer's CSR page table: sequence ``i`` uses pages
+        ``kv_indices[kv_indptr[i]:kv_indptr[i+1]]`` and the last one holds
+        ``kv_last_page_len[i]`` tokens (in ``1..page_size``; 0 for an empty sequence).
+        """
+        indptr = [0]
+        indices: list[int] = []
+        last: list[int] = []
+        for seq_id in seq_ids:
+            pages = self._pages[self._check_open(seq_id)]
+            indices.extend(pages)
+            indptr.append(len(indices))
+            n = self._lens[seq_id]
+            last.append(n - (len(pages) - 1) * self.page_size if pages else 0)
+
+        def as_tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int32, device=self.device)
+
+        return as_tensor(indptr), as_tensor(indices), as_tensor(last)
+
+    def _check_open(self, seq_id: str) -> str:
+        if seq_id not in self._pages:
+            raise KeyError(f"sequence {seq_id!r} is not open in the KV cache")
+        return seq_id

@@ -1,0 +1,37 @@
+"""Logits to sampling probabilities (temperature, top-k, top-p), always in float32."""
+
+from __future__ import annotations
+
+import torch
+
+
+def logits_to_probs(
+    logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
+    """Float32 probabilities ``[N, V]`` from logits ``[N, V]`` of any float dtype.
+
+    ``temperature`` must be > 0 (greedy is handled by the caller with argmax).
+    ``top_k = 0`` and ``top_p = 1.0`` switch those filters off; filtered tokens get
+    probability exactly 0 and the rest are renormalised. At least one token always stays.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    scores = logits.to(torch.float32) / temperature
+    vocab = scores.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_scores, dim=-1)
+        # Drop a token when the tokens strictly before it already reach top_p.
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        drop_sorted = before >= top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return torch.softmax(scores, dim=-1)

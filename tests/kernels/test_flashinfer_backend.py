@@ -1,0 +1,96 @@
+"""FlashInfer backend and sampling kernel against the PyTorch reference (CUDA only)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from kernels.attention import ReferenceAttentionBackend, create_attention_backend
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+flashinfer = pytest.importorskip("flashinfer")
+
+HEAD_DIM = 128
+MIXED = dict(prefix_lens=[37, 300, 16], query_lens=[29, 1, 4])  # prefill, decode, verify
+DECODE = dict(prefix_lens=[37, 300, 16, 1000], query_lens=[1, 1, 1, 1])
+
+
+def run(backend, batch) -> torch.Tensor:
+    backend.plan(
+        batch.meta,
+        batch.q.shape[1],
+        batch.cache.num_kv_heads,
+        HEAD_DIM,
+        batch.q.dtype,
+        batch.cache.dtype,
+    )
+    return backend.forward(
+        0,
+        batch.q,
+        batch.cache.kv_layers[0],
+        batch.k_scale,
+        batch.v_scale,
+        1.0 / math.sqrt(HEAD_DIM),
+    )
+
+
+@pytest.mark.parametrize(
+    ("kv_dtype", "atol"),
+    [(torch.float8_e4m3fn, 1e-3), (torch.float8_e5m2, 1e-3), (torch.bfloat16, 1e-2)],
+    ids=["e4m3", "e5m2", "bf16"],
+)
+@pytest.mark.parametrize("shape", [MIXED, DECODE], ids=["prefill", "decode"])
+def test_flashinfer_matches_reference_on_same_paged_data(ragged_batch, kv_dtype, atol, shape):
+    q_dtype = torch.bfloat16 if kv_dtype == torch.bfloat16 else torch.float16
+    batch = ragged_batch(
+        **shape,
+        kv_dtype=kv_dtype,
+        q_dtype=q_dtype,
+        head_dim=HEAD_DIM,
+        page_size=16,
+        num_qo_heads=8,
+        num_kv_heads=2,
+        device="cuda",
+    )
+    fast = run(create_attention_backend("flashinfer", "cuda"), batch)
+    ref = run(ReferenceAttentionBackend(), batch)
+    assert fast.shape == ref.shape and fast.dtype == q_dtype
+    torch.testing.assert_close(fast.float(), ref.float(), atol=atol, rtol=1e-2)
+
+
+def test_auto_backend_is_flashinfer_on_cuda():
+    from kernels.attention.flashinfer_backend import FlashInferAttentionBackend
+
+    assert isinstance(create_attention_backend("auto", "cuda"), FlashInferAttentionBackend)
+
+
+def test_flashinfer_chain_sampling_is_lossless_like_the_pytorch_rule():
+    from kernels.verify import chain_speculative_sampling_batch
+
+    p = torch.tensor([0.30, 0.20, 0.15, 0.10, 0.10, 0.08, 0.05, 0.02], device="cuda")
+    q = p.flip(0)
+    k, trials = 2, 20_000
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    proposals = torch.multinomial(q, trials * k, replacement=True, generator=gen).view(trials, k)
+    emitted, accepted = chain_speculative_sampling_batch(
+        q.expand(trials, k, -1),
+        proposals,
+        p.expand(trials, k + 1, -1),
+        gen,
+        use_flashinfer=True,
+    )
+    first = torch.bincount(torch.tensor([e[0] for e in emitted]), minlength=8).double()
+    expected = p.double().cpu() / p.double().sum().cpu() * trials
+    assert chisquare(first.numpy(), expected.numpy()).pvalue > 1e-3
+    alpha = float(torch.minimum(p, q).sum())
+    pmf = [1 - alpha, alpha * (1 - alpha), alpha**2]
+    mean = sum(n * pn for n, pn in enumerate(pmf))
+    std = math.sqrt(sum((n - mean) ** 2 * pn for n, pn in enumerate(pmf)))
+    assert abs(sum(accepted) / trials - mean) < 4 * std / math.sqrt(trials)
+    assert all(len(e) == n + 1 for e, n in zip(emitted, accepted, strict=True))
