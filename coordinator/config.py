@@ -1,0 +1,162 @@
+"""Coordinator configuration: a frozen dataclass whose fields are the CLI flags."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import MISSING, dataclass, fields
+from functools import cached_property
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """How many tokens the draft proposes per step (vLLM's `--speculative-config` keys).
+
+    `num_speculative_tokens` is a fixed K. `num_speculative_tokens_per_batch_size` is a list
+    of inclusive `[min_bs, max_bs, K]` rows (K may be 0); when it is given it decides K, a
+    batch size no row covers runs K = 0, and a fixed K given beside it caps every row.
+    Neither given: no speculation (K = 0).
+    """
+
+    num_speculative_tokens: int | None = None
+    num_speculative_tokens_per_batch_size: tuple[tuple[int, int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        k = self.num_speculative_tokens
+        if k is not None and (not _is_int(k) or k < 0):
+            raise ValueError(f"num_speculative_tokens must be an integer >= 0, got {k!r}")
+        rows = sorted(_parse_row(list(row)) for row in self.num_speculative_tokens_per_batch_size)
+        for prev, row in zip(rows, rows[1:], strict=False):
+            if row[0] <= prev[1]:
+                raise ValueError(
+                    f"num_speculative_tokens_per_batch_size rows {list(prev)} and {list(row)} "
+                    "overlap: batch-size ranges must be disjoint"
+                )
+        for row in rows:
+            if k is not None and row[2] > k:
+                raise ValueError(
+                    f"num_speculative_tokens_per_batch_size row {list(row)} asks for more "
+                    f"tokens than num_speculative_tokens={k}"
+                )
+
+    @classmethod
+    def from_json(cls, text: str) -> SpeculativeConfig:
+        """Parses and validates the JSON object; raises ValueError with the reason."""
+        text = text.strip()
+        if not text:
+            return cls()
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"speculative config is not valid JSON: {e}") from None
+        if not isinstance(obj, dict):
+            raise ValueError("speculative config must be a JSON object")
+        # "model"/"method" are vLLM keys that name the draft; here the draft is a service.
+        unknown = set(obj) - {
+            "num_speculative_tokens",
+            "num_speculative_tokens_per_batch_size",
+            "model",
+            "method",
+        }
+        if unknown:
+            raise ValueError(f"speculative config has unknown keys: {sorted(unknown)}")
+        table = obj.get("num_speculative_tokens_per_batch_size") or []
+        if not isinstance(table, list):
+            raise ValueError("num_speculative_tokens_per_batch_size must be a list of rows")
+        rows = tuple(_parse_row(row) for row in table)
+        return cls(obj.get("num_speculative_tokens"), rows)
+
+    @property
+    def max_k(self) -> int:
+        if self.num_speculative_tokens_per_batch_size:
+            return max(row[2] for row in self.num_speculative_tokens_per_batch_size)
+        return self.num_speculative_tokens or 0
+
+    def k_for_batch_size(self, batch_size: int) -> int:
+        if self.num_speculative_tokens_per_batch_size:
+            for lo, hi, k in self.num_speculative_tokens_per_batch_size:
+                if lo <= batch_size <= hi:
+                    return k
+            return 0
+        return self.num_speculative_tokens or 0
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _parse_row(row: object) -> tuple[int, int, int]:
+    if not isinstance(row, list) or len(row) != 3 or not all(_is_int(x) for x in row):
+        raise ValueError(
+            f"num_speculative_tokens_per_batch_size row {row!r} must be [min_bs, max_bs, K] "
+            "integers"
+        )
+    lo, hi, k = row
+    if lo < 1:
+        raise ValueError(f"row {row}: min_bs must be >= 1")
+    if lo > hi:
+        raise ValueError(f"row {row}: min_bs must be <= max_bs")
+    if k < 0:
+        raise ValueError(f"row {row}: K must be >= 0")
+    return lo, hi, k
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    host: str = "127.0.0.1"
+    port: int = 50050
+    target: str = "127.0.0.1:50052"  # target service address
+    draft: str = "127.0.0.1:50051"  # draft service address
+    tokenizer: str = ""  # folder with tokenizer.json (normally the target model); optional
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 16
+    speculative_config: str = '{"num_speculative_tokens": 4}'
+    draft_timeout: float = 2.0  # seconds per draft RPC; a miss runs the step with K = 0
+    draft_retry_interval: float = 1.0  # seconds before calling a failed draft again
+    target_timeout: float = 300.0  # seconds per Verify
+    connect_timeout: float = 120.0  # seconds to wait for both services at startup
+    max_queue_len: int = 256  # waiting requests; more is RESOURCE_EXHAUSTED
+    kv_scales_file: str = ""  # JSON {"draft": table, "target": table} overriding the services
+    draft_rebuild_every_step: bool = False  # control runs: re-ingest the whole log every step
+    metrics_port: int = 0  # Prometheus /metrics; 0 = off
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if self.max_queue_len < 0:
+            raise ValueError("max_queue_len must be >= 0")
+        if self.draft_timeout <= 0 or self.target_timeout <= 0:
+            raise ValueError("timeouts must be > 0")
+        self.speculative  # validates the JSON at construction  # noqa: B018
+
+    @cached_property
+    def speculative(self) -> SpeculativeConfig:
+        return SpeculativeConfig.from_json(self.speculative_config)
+
+    @cached_property
+    def kv_scales_override(self) -> dict:
+        """The kv-scales file's tables by service name ("draft", "target"); {} when unset."""
+        if not self.kv_scales_file:
+            return {}
+        with open(os.path.expanduser(self.kv_scales_file)) as f:
+            obj = json.load(f)
+        if not isinstance(obj, dict) or not set(obj) <= {"draft", "target"}:
+            raise ValueError('kv-scales file must be a JSON object with keys "draft"/"target"')
+        return obj
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        for f in fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            default = f.default if f.default is not MISSING else None
+            if isinstance(default, bool):
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+            else:
+                parser.add_argument(flag, type=type(default), default=default)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> CoordinatorConfig:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})

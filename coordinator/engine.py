@@ -1,0 +1,430 @@
+"""The step loop: schedule, draft Step (ingest + propose), target Verify, commit, stream.
+
+The engine owns the committed logs and talks to the services through their async stubs
+(`Step`/`Verify`/`Release` taking `timeout=` and `metadata=`), so tests can pass fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from opentelemetry import trace
+
+from coordinator.config import CoordinatorConfig
+from coordinator.errors import InvalidRequest, NotReady, ServiceError, SpecDecError
+from coordinator.messages import Proposals, draft_step_request, valid_proposals, verify_request
+from coordinator.metrics import Metrics
+from coordinator.request import Request, RequestOutput, RequestStatus
+from coordinator.scheduler import Scheduler, StepPlan
+from coordinator.stats import SpecStats
+from coordinator.tracing import grpc_metadata
+from protos.specdec.v1 import common_pb2, target_pb2
+
+logger = logging.getLogger(__name__)
+tracer = trace.get_tracer("specdec.coordinator")
+
+_RELEASE_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What the services reported at startup, pinned for the coordinator's lifetime."""
+
+    vocab_size: int
+    max_model_len: int
+    eos_token_ids: frozenset[int]
+    draft_kv_scales: common_pb2.KVScaleTable
+    target_kv_scales: common_pb2.KVScaleTable | None = None
+
+
+def _status_of(e: BaseException) -> tuple[str, str]:
+    """(status code name, details) of a failed RPC."""
+    if isinstance(e, grpc.RpcError) and hasattr(e, "code"):
+        code = e.code()
+        details = e.details() if hasattr(e, "details") else str(e)
+        return (code.name if code is not None else "UNKNOWN"), details or ""
+    if isinstance(e, asyncio.TimeoutError):
+        return "DEADLINE_EXCEEDED", "deadline exceeded"
+    return "INTERNAL", repr(e)
+
+
+async def _await(call: Awaitable[Any]) -> Any:
+    return await call
+
+
+class Engine:
+    """Runs steps while there is work. Requests enter with `add_request` and leave by
+    finishing, failing (their queue gets the error) or `abort`; every departed request is
+    released on both services before the next step.
+    """
+
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        draft: Any,
+        target: Any,
+        limits: ModelLimits,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.config = config
+        self.draft = draft
+        self.target = target
+        self.limits = limits
+        self.metrics = metrics
+        self.scheduler = Scheduler(
+            config.speculative,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=limits.max_model_len,
+            max_queue_len=config.max_queue_len,
+        )
+        self.requests: dict[str, Request] = {}
+        self.totals = SpecStats()
+        self.draining = False
+        self._pending_release: list[str] = []
+        self._draft_orphans: list[str] = []  # departed while the draft was down
+        self._draft_down_until = 0.0
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="engine")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for request in list(self.requests.values()):
+            self._finish(request, error=NotReady("coordinator is shutting down"))
+        await self._flush_releases()
+
+    def add_request(self, request: Request) -> None:
+        if self.draining:
+            raise NotReady("coordinator is draining; send the request to another replica")
+        if request.request_id in self.requests:
+            raise InvalidRequest(f"request_id {request.request_id!r} is already in flight")
+        request.arrival_time = time.monotonic()
+        self.scheduler.add(request)
+        self.requests[request.request_id] = request
+        self._wakeup.set()
+
+    def abort(self, request_id: str) -> None:
+        """Drops a request (client cancelled or deadline); its KV is released on both sides."""
+        request = self.requests.get(request_id)
+        if request is None or request.is_done:
+            return
+        self._finish(request, status=RequestStatus.ABORTED)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.requests)
+
+    # ---- the loop --------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            await self._flush_releases()
+            if not self.scheduler.has_work():
+                self._wakeup.clear()
+                if not self._pending_release:
+                    await self._wakeup.wait()
+                continue
+            start = time.monotonic()
+            try:
+                ran = await self.step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a bug: fail what was running, keep serving
+                logger.exception("step failed")
+                for request in list(self.scheduler.running):
+                    self._finish(request, error=SpecDecError(f"internal error in step: {e!r}"))
+                ran = True
+            if self.metrics is not None:
+                self.metrics.step_duration.observe(time.monotonic() - start)
+                self.metrics.num_requests_running.set(len(self.scheduler.running))
+                self.metrics.num_requests_waiting.set(len(self.scheduler.waiting))
+            # Let Generate handlers run between steps even when the stubs answer at once.
+            await asyncio.sleep(0 if ran else 0.001)
+
+    async def step(self) -> bool:
+        """Runs one step; False when nothing could be scheduled."""
+        if self.config.draft_rebuild_every_step:
+            for request in self.scheduler.running:
+                request.num_draft_cached = None
+        draft_available = time.monotonic() >= self._draft_down_until
+        plan = self.scheduler.schedule(draft_available=draft_available)
+        if plan is None:
+            return False
+        self.totals.num_steps += 1
+        if self.metrics is not None:
+            self.metrics.num_steps.inc()
+        links = [
+            trace.Link(r.span_context)
+            for r in plan.requests
+            if isinstance(r.span_context, trace.SpanContext)
+        ]
+        with tracer.start_as_current_span("specdec.step", links=links) as span:
+            span.set_attribute("specdec.step_id", plan.step_id)
+            span.set_attribute("specdec.batch_size", plan.batch_size)
+            span.set_attribute("specdec.k", plan.k)
+            span.set_attribute("specdec.num_prefill_chunks", len(plan.prefills))
+            span.set_attribute("specdec.num_ingest_plans", len(plan.ingest))
+            metadata = grpc_metadata()
+            proposals = await self._draft_step(plan, metadata)
+            span.set_attribute("specdec.num_proposed", sum(len(p) for p in proposals.values()))
+            results = await self._verify(plan, proposals, metadata)
+            if results is not None:
+                span.set_attribute("specdec.accepted", self._commit(plan, proposals, results))
+        return True
+
+    # ---- draft -----------------------------------------------------------------------
+
+    async def _draft_step(self, plan: StepPlan, metadata: tuple[tuple[str, str], ...]) -> Proposals:
+        """Ingests and proposes; returns request id -> (proposal ids, draft probs).
+
+        Any failure gives no proposals (K = 0 this step) and marks draft state unknown.
+        """
+        if not plan.ingest and not plan.propose:
+            return {}
+        timeout = self.config.draft_timeout
+        step_requests = {p.request.request_id: p.request for p in plan.ingest}
+        step_requests.update({d.request.request_id: d.request for d in plan.propose})
+        try:
+            release_ids = [r.request_id for r in plan.draft_release] + self._draft_orphans
+            if release_ids:
+                await self._call(
+                    self.draft.Release,
+                    common_pb2.ReleaseRequest(request_ids=release_ids),
+                    timeout,
+                    metadata,
+                )
+                self._draft_orphans.clear()
+                for request in plan.draft_release:
+                    request.num_draft_cached = 0
+            message = draft_step_request(plan, self.limits.draft_kv_scales)
+            response = await self._call(self.draft.Step, message, timeout, metadata)
+        except (grpc.RpcError, asyncio.TimeoutError) as e:
+            code, details = _status_of(e)
+            if self.metrics is not None:
+                self.metrics.num_draft_failures.inc()
+            if code == "FAILED_PRECONDITION":
+                # Alive but out of sync (wrong start or KV-scale version): rebuild these.
+                logger.warning("draft refused step %d: %s; rebuilding", plan.step_id, details)
+                for request in step_requests.values():
+                    request.num_draft_cached = None
+            else:
+                logger.warning(
+                    "draft failed step %d (%s: %s); running K=0 and re-syncing later",
+                    plan.step_id,
+                    code,
+                    details,
+                )
+                self._mark_draft_down()
+            return {}
+
+        for p in plan.ingest:
+            p.request.stats.num_ingest_plans += 1
+        self.totals.num_ingest_plans += len(plan.ingest)
+        if self.metrics is not None:
+            self.metrics.num_ingest_plans.inc(len(plan.ingest))
+        reported = {c.request_id: c.num_cached_tokens for c in response.cached}
+        for request_id, request in step_requests.items():
+            held = reported.get(request_id)
+            if held is None or held > request.num_tokens:
+                if held is not None:
+                    logger.error(
+                        "invariant: draft holds %d tokens of %s, committed %d; rebuilding",
+                        held,
+                        request_id,
+                        request.num_tokens,
+                    )
+                request.num_draft_cached = None
+            else:
+                request.num_draft_cached = held
+        return valid_proposals(plan, response, self.limits.vocab_size)
+
+    def _mark_draft_down(self) -> None:
+        """Runs K = 0 for a while; whatever the draft held is unknown from now on."""
+        self._draft_down_until = time.monotonic() + self.config.draft_retry_interval
+        for request in self.scheduler.running:
+            request.num_draft_cached = None
+
+    # ---- target ----------------------------------------------------------------------
+
+    async def _verify(
+        self,
+        plan: StepPlan,
+        proposals: Proposals,
+        metadata: tuple[tuple[str, str], ...],
+    ) -> dict[str, target_pb2.VerifyResult] | None:
+        message = verify_request(plan, proposals)
+        try:
+            response = await self._call(
+                self.target.Verify, message, self.config.target_timeout, metadata
+            )
+        except (grpc.RpcError, asyncio.TimeoutError) as e:
+            code, details = _status_of(e)
+            logger.warning("target failed step %d (%s: %s)", plan.step_id, code, details)
+            error = ServiceError(code, f"target service failed ({code}): {details}")
+            for request in plan.requests:
+                self._finish(request, error=error)
+            return None
+        return {r.request_id: r for r in response.results}
+
+    # ---- commit ----------------------------------------------------------------------
+
+    def _commit(
+        self,
+        plan: StepPlan,
+        proposals: Proposals,
+        results: dict[str, target_pb2.VerifyResult],
+    ) -> int:
+        """Appends what the target emitted, streams it, counts it; returns accepted total."""
+        total_accepted = 0
+        for chunk in plan.prefills:
+            request = chunk.request
+            result = self._result_for(request, results)
+            if result is None:
+                continue
+            request.stats.num_steps += 1
+            end = chunk.start + len(chunk.token_ids)
+            if result.num_cached_tokens != end:
+                self._out_of_sync(request, result.num_cached_tokens, end)
+                continue
+            request.num_target_cached = end
+            if self.metrics is not None:
+                self.metrics.num_prompt_tokens.inc(len(chunk.token_ids))
+            if chunk.is_last:
+                self._emit(request, list(result.token_ids), result.num_cached_tokens)
+        for entry in plan.decodes:
+            request = entry.request
+            result = self._result_for(request, results)
+            if result is None:
+                continue
+            request.stats.num_steps += 1
+            num_proposed = len(proposals.get(request.request_id, ((), b""))[0])
+            num_accepted = min(result.num_accepted, num_proposed)
+            request.stats.observe_draft(num_proposed, num_accepted)
+            self.totals.observe_draft(num_proposed, num_accepted)
+            if self.metrics is not None:
+                self.metrics.observe_draft(num_proposed, num_accepted)
+            total_accepted += num_accepted
+            self._emit(request, list(result.token_ids), result.num_cached_tokens)
+        return total_accepted
+
+    def _result_for(
+        self, request: Request, results: dict[str, target_pb2.VerifyResult]
+    ) -> target_pb2.VerifyResult | None:
+        if request.is_done:  # aborted while the step was in flight
+            return None
+        result = results.get(request.request_id)
+        if result is None:
+            self._finish(
+                request, error=ServiceError("INTERNAL", "target returned no result for request")
+            )
+        return result
+
+    def _emit(self, request: Request, token_ids: list[int], num_target_cached: int) -> None:
+        committed = request.commit(token_ids, self.limits.eos_token_ids, self.limits.max_model_len)
+        if committed and request.first_token_time is None:
+            request.first_token_time = time.monotonic()
+            if self.metrics is not None:
+                self.metrics.time_to_first_token.observe(
+                    request.first_token_time - request.arrival_time
+                )
+        if self.metrics is not None:
+            self.metrics.num_generation_tokens.inc(len(committed))
+        if request.finish_reason is not None:
+            # The target may hold KV past the stop; the request is released anyway.
+            self._finish(request, tokens=committed, reason=request.finish_reason)
+            return
+        # Target holds every committed token but the last, which the next Verify feeds in.
+        if num_target_cached != request.num_tokens - 1:
+            self._out_of_sync(request, num_target_cached, request.num_tokens - 1)
+            return
+        request.num_target_cached = num_target_cached
+        request.outputs.put_nowait(RequestOutput(committed))
+
+    def _out_of_sync(self, request: Request, held: int, expected: int) -> None:
+        logger.error(
+            "invariant: target holds %d tokens of %s, expected %d (committed %d)",
+            held,
+            request.request_id,
+            expected,
+            request.num_tokens,
+        )
+        self._finish(
+            request,
+            error=ServiceError(
+                "FAILED_PRECONDITION",
+                f"target cache out of sync: holds {held} tokens, expected {expected}",
+            ),
+        )
+
+    def _finish(
+        self,
+        request: Request,
+        *,
+        tokens: list[int] | None = None,
+        reason: str | None = None,
+        error: Exception | None = None,
+        status: RequestStatus | None = None,
+    ) -> None:
+        """Ends a request: tells its stream, unschedules it, queues its release."""
+        if request.is_done:
+            return
+        if status is None:
+            status = RequestStatus.FAILED if error is not None else RequestStatus.FINISHED
+        request.status = status
+        request.finish_reason = reason
+        self.scheduler.remove(request)
+        self.requests.pop(request.request_id, None)
+        self._pending_release.append(request.request_id)
+        self._wakeup.set()
+        if status is not RequestStatus.ABORTED:
+            request.outputs.put_nowait(RequestOutput(tokens or [], reason, error))
+        if self.metrics is not None:
+            label = reason or ("abort" if status is RequestStatus.ABORTED else "error")
+            self.metrics.num_requests.labels(finished_reason=label).inc()
+            self.metrics.e2e_request_latency.observe(time.monotonic() - request.arrival_time)
+
+    async def _flush_releases(self) -> None:
+        if not self._pending_release:
+            return
+        ids, self._pending_release = self._pending_release, []
+        calls = [self._release(self.target, ids, _RELEASE_TIMEOUT)]
+        if time.monotonic() >= self._draft_down_until:
+            calls.append(self._release(self.draft, ids, self.config.draft_timeout))
+        else:
+            self._draft_orphans.extend(ids)
+        await asyncio.gather(*calls)
+
+    async def _release(self, stub: Any, ids: list[str], timeout: float) -> None:
+        try:
+            await self._call(
+                stub.Release, common_pb2.ReleaseRequest(request_ids=ids), timeout, grpc_metadata()
+            )
+        except (grpc.RpcError, asyncio.TimeoutError) as e:
+            code, details = _status_of(e)
+            logger.warning("release of %d requests failed (%s: %s)", len(ids), code, details)
+            if stub is self.draft:
+                self._draft_orphans.extend(ids)
+                self._mark_draft_down()
+
+    @staticmethod
+    async def _call(method: Any, message: Any, timeout: float, metadata: Any) -> Any:
+        # gRPC's deadline reaches the server; wait_for bounds a stub that ignores it.
+        return await asyncio.wait_for(
+            _await(method(message, timeout=timeout, metadata=metadata)), timeout + 0.5
+        )

@@ -1,0 +1,31 @@
+"""Domain errors. The server maps them to gRPC status codes in one place (`server.py`)."""
+
+from __future__ import annotations
+
+
+class SpecDecError(Exception):
+    """Base of the coordinator's errors; the message is for a person to act on."""
+
+
+class InvalidRequest(SpecDecError):
+    """The client's request is malformed or cannot fit the model."""
+
+
+class QueueFull(SpecDecError):
+    """Too many requests are waiting."""
+
+
+class NotReady(SpecDecError):
+    """The coordinator is not connected or is draining."""
+
+
+class RequestNotFound(SpecDecError):
+    """No such request in flight."""
+
+
+class ServiceError(SpecDecError):
+    """A draft/target RPC failed; `code` is the gRPC status code name it failed with."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code

@@ -1,0 +1,102 @@
+"""Proto messages to and from the services, built from a `StepPlan` (one place per RPC)."""
+
+from __future__ import annotations
+
+import logging
+
+from coordinator.request import SamplingParams
+from coordinator.scheduler import StepPlan
+from protos.specdec.v1 import common_pb2, draft_pb2, target_pb2
+
+logger = logging.getLogger(__name__)
+
+# request id -> (proposed token ids, draft probs: float32 [len(ids), vocab] or b"" when greedy)
+Proposals = dict[str, tuple[list[int], bytes]]
+
+
+def sampling_pb(s: SamplingParams) -> common_pb2.SamplingParams:
+    pb = common_pb2.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+    if s.seed is not None:
+        pb.seed = s.seed
+    return pb
+
+
+def draft_step_request(
+    plan: StepPlan, kv_scales: common_pb2.KVScaleTable
+) -> draft_pb2.DraftStepRequest:
+    """Ingest plans then proposals; the full KV-scale table when a sequence opens."""
+    message = draft_pb2.DraftStepRequest(
+        step_id=plan.step_id,
+        kv_scales_version=kv_scales.version,
+        ingest=[
+            draft_pb2.IngestPlan(
+                request_id=p.request.request_id, start_position=p.start, token_ids=p.token_ids
+            )
+            for p in plan.ingest
+        ],
+        propose=[
+            draft_pb2.ProposeEntry(
+                request_id=d.request.request_id,
+                num_tokens=d.k,
+                sampling=sampling_pb(d.request.sampling),
+            )
+            for d in plan.propose
+        ],
+    )
+    if any(p.start == 0 for p in plan.ingest):
+        message.kv_scales.CopyFrom(kv_scales)
+    return message
+
+
+def valid_proposals(
+    plan: StepPlan, response: draft_pb2.DraftStepResponse, vocab_size: int
+) -> Proposals:
+    """Keeps well-formed proposals, cut to each request's K; drops (logs) the rest."""
+    entries = {d.request.request_id: d for d in plan.propose}
+    out: Proposals = {}
+    for proposal in response.proposals:
+        entry = entries.get(proposal.request_id)
+        if entry is None:
+            continue
+        ids = list(proposal.token_ids)[: entry.k]
+        if any(t >= vocab_size for t in ids):
+            logger.error("draft proposed a token id >= vocab for %s", proposal.request_id)
+            continue
+        probs = b""
+        if not entry.request.sampling.greedy and ids:
+            size = len(ids) * vocab_size * 4
+            if len(proposal.draft_probs) < size:
+                logger.error("draft sent no probs for sampled %s", proposal.request_id)
+                continue
+            probs = proposal.draft_probs[:size]
+        out[proposal.request_id] = (ids, probs)
+    return out
+
+
+def verify_request(plan: StepPlan, proposals: Proposals) -> target_pb2.VerifyRequest:
+    """Prefill chunks and decode entries; a decode entry starts at the last committed token."""
+    message = target_pb2.VerifyRequest(step_id=plan.step_id)
+    for chunk in plan.prefills:
+        message.prefill.append(
+            target_pb2.PrefillChunk(
+                request_id=chunk.request.request_id,
+                start_position=chunk.start,
+                token_ids=chunk.token_ids,
+                is_last=chunk.is_last,
+                sampling=sampling_pb(chunk.request.sampling),
+            )
+        )
+    for entry in plan.decodes:
+        request = entry.request
+        ids, probs = proposals.get(request.request_id, ([], b""))
+        message.decode.append(
+            target_pb2.VerifyEntry(
+                request_id=request.request_id,
+                start_position=request.num_tokens - 1,
+                last_token_id=request.token_ids[-1],
+                proposal_ids=ids,
+                draft_probs=probs,
+                sampling=sampling_pb(request.sampling),
+            )
+        )
+    return message

@@ -1,0 +1,375 @@
+"""The public gRPC API: Generate (streaming) and GetStats, with health and reflection.
+
+Servicers are thin: proto -> `Request` -> engine -> `RequestOutput` -> proto. Domain errors
+become status codes in `status_code()`, the one place that maps them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import math
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+from google.protobuf import json_format
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from opentelemetry import trace
+from tokenizers import Tokenizer
+
+from coordinator.config import CoordinatorConfig
+from coordinator.detokenizer import IncrementalDetokenizer, load_tokenizer
+from coordinator.engine import Engine, ModelLimits
+from coordinator.errors import (
+    InvalidRequest,
+    NotReady,
+    QueueFull,
+    RequestNotFound,
+    ServiceError,
+    SpecDecError,
+)
+from coordinator.metrics import Metrics, create_metrics, serve_metrics
+from coordinator.request import Request, SamplingParams
+from coordinator.stats import SpecStats
+from coordinator.tracing import configure_tracing, context_from_metadata, shutdown_tracing
+from protos.specdec.v1 import (
+    common_pb2,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
+    draft_pb2_grpc,
+    target_pb2_grpc,
+)
+
+logger = logging.getLogger(__name__)
+tracer = trace.get_tracer("specdec.coordinator")
+
+SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name
+# Sampled draft probs are K * vocab float32 per request; gRPC's 4 MiB default is too small.
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", 512 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 512 * 1024 * 1024),
+]
+
+_STATUS_BY_ERROR: dict[type[SpecDecError], grpc.StatusCode] = {
+    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    NotReady: grpc.StatusCode.UNAVAILABLE,
+    RequestNotFound: grpc.StatusCode.NOT_FOUND,
+}
+
+
+def status_code(error: BaseException) -> grpc.StatusCode:
+    """The gRPC status for a domain error (a failed service call keeps its own code)."""
+    if isinstance(error, ServiceError):
+        return getattr(grpc.StatusCode, error.code, grpc.StatusCode.INTERNAL)
+    for cls in type(error).__mro__:
+        if cls in _STATUS_BY_ERROR:
+            return _STATUS_BY_ERROR[cls]
+    return grpc.StatusCode.INTERNAL
+
+
+def stats_pb(stats: SpecStats) -> coordinator_pb2.SpecDecodeStats:
+    return coordinator_pb2.SpecDecodeStats(
+        num_drafts=stats.num_drafts,
+        num_draft_tokens=stats.num_draft_tokens,
+        num_accepted_tokens=stats.num_accepted_tokens,
+        accepted_per_position=stats.accepted_per_position,
+        num_k0_steps=stats.num_k0_steps,
+        num_ingest_plans=stats.num_ingest_plans,
+        num_steps=stats.num_steps,
+    )
+
+
+def build_request(
+    message: coordinator_pb2.GenerateRequest, tokenizer: Tokenizer | None, limits: ModelLimits
+) -> Request:
+    """Validates a GenerateRequest and turns it into a `Request`; raises InvalidRequest."""
+    kind = message.WhichOneof("prompt")
+    if kind is None:
+        raise InvalidRequest("no prompt: set text or token_ids")
+    if kind == "text":
+        if tokenizer is None:
+            raise InvalidRequest(
+                "text prompt needs a tokenizer: start the coordinator with --tokenizer, "
+                "or send token_ids"
+            )
+        prompt_ids = tokenizer.encode(message.text).ids
+    else:
+        prompt_ids = list(message.token_ids.ids)
+    if not prompt_ids:
+        raise InvalidRequest("empty prompt")
+    too_big = next((t for t in prompt_ids if t >= limits.vocab_size), None)
+    if too_big is not None:
+        raise InvalidRequest(f"token id {too_big} is out of range (vocab size {limits.vocab_size})")
+    s = message.sampling
+    if math.isnan(s.temperature) or s.temperature < 0:
+        raise InvalidRequest(f"temperature must be >= 0 (0 = greedy), got {s.temperature}")
+    top_p = s.top_p if s.top_p != 0 else 1.0  # proto3 default 0 means unset
+    if math.isnan(top_p) or not 0 < top_p <= 1:
+        raise InvalidRequest(f"top_p must be in (0, 1], got {s.top_p}")
+    num_prompt = len(prompt_ids)
+    room = limits.max_model_len - num_prompt
+    if room < 1:
+        raise InvalidRequest(
+            f"prompt has {num_prompt} tokens; max_model_len is {limits.max_model_len}"
+        )
+    max_tokens = message.max_tokens or room
+    if max_tokens > room:
+        raise InvalidRequest(
+            f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) exceeds max_model_len "
+            f"({limits.max_model_len}); lower max_tokens to at most {room}"
+        )
+    has_cap = message.HasField("num_speculative_tokens")
+    return Request(
+        request_id=message.request_id or uuid.uuid4().hex,
+        prompt_ids=prompt_ids,
+        sampling=SamplingParams(
+            temperature=s.temperature,
+            top_p=top_p,
+            top_k=s.top_k,
+            seed=s.seed if s.HasField("seed") else None,
+        ),
+        max_tokens=max_tokens,
+        stop_token_ids=frozenset(message.stop_token_ids),
+        ignore_eos=message.ignore_eos,
+        k_cap=message.num_speculative_tokens if has_cap else None,
+    )
+
+
+class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
+    def __init__(self, engine: Engine, tokenizer: Tokenizer | None) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+
+    async def Generate(
+        self, request: coordinator_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[coordinator_pb2.GenerateResponse]:
+        try:
+            req = build_request(request, self.tokenizer, self.engine.limits)
+            self.engine.add_request(req)
+        except SpecDecError as e:
+            await context.abort(status_code(e), str(e))
+        span = tracer.start_span(
+            "specdec.request",
+            context=context_from_metadata(context.invocation_metadata()),
+            attributes={
+                "specdec.request_id": req.request_id,
+                "specdec.num_prompt_tokens": req.num_prompt_tokens,
+                "specdec.max_tokens": req.max_tokens,
+            },
+        )
+        req.span_context = span.get_span_context()
+        detokenizer = IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None
+        try:
+            while True:
+                out = await req.outputs.get()
+                if out.error is not None:
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, str(out.error)))
+                    await context.abort(status_code(out.error), str(out.error))
+                text = ""
+                if detokenizer is not None:
+                    # A stop token ends the text but stays in token_ids.
+                    ids = out.token_ids[:-1] if out.finish_reason == "stop" else out.token_ids
+                    text = detokenizer.update(ids, final=out.finished)
+                response = coordinator_pb2.GenerateResponse(
+                    request_id=req.request_id,
+                    token_ids=out.token_ids,
+                    text=text,
+                    num_prompt_tokens=req.num_prompt_tokens,
+                )
+                if out.finished:
+                    response.finish_reason = out.finish_reason or ""
+                    response.stats.CopyFrom(stats_pb(req.stats))
+                yield response
+                if out.finished:
+                    break
+        finally:
+            # No-op when finished; on cancellation or deadline, frees its KV on both sides.
+            self.engine.abort(req.request_id)
+            span.set_attribute("specdec.num_output_tokens", req.num_output_tokens)
+            span.set_attribute("specdec.accepted", req.stats.num_accepted_tokens)
+            span.set_attribute("specdec.drafted", req.stats.num_draft_tokens)
+            span.set_attribute("specdec.finish_reason", req.finish_reason or req.status.value)
+            span.end()
+
+    async def GetStats(
+        self, request: coordinator_pb2.StatsRequest, context: grpc.aio.ServicerContext
+    ) -> coordinator_pb2.SpecDecodeStats:
+        return stats_pb(self.engine.totals)
+
+
+class CoordinatorServer:
+    """The gRPC server plus what lives beside it (engine, channels); stop() ends them all."""
+
+    def __init__(
+        self,
+        server: grpc.aio.Server,
+        engine: Engine,
+        health_servicer: health.aio.HealthServicer,
+        channels: list[grpc.aio.Channel],
+    ) -> None:
+        self.server = server
+        self.engine = engine
+        self.health = health_servicer
+        self.channels = channels
+
+    async def start(self) -> None:
+        await self.server.start()
+        self.engine.start()
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drains: new requests get UNAVAILABLE, running ones get `grace` seconds."""
+        self.engine.draining = True
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        deadline = time.monotonic() + (grace or 0)
+        while self.engine.num_unfinished and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await self.engine.stop()
+        await self.server.stop(grace)
+        for channel in self.channels:
+            await channel.close()
+
+    async def wait_for_termination(self) -> None:
+        await self.server.wait_for_termination()
+
+
+def _kv_table(override: dict | None, reported: common_pb2.KVScaleTable, service: str, info):
+    if override is None:
+        return reported
+    table = json_format.ParseDict(override, common_pb2.KVScaleTable())
+    if info.num_layers and len(table.k_scale) not in (0, info.num_layers):
+        raise ValueError(
+            f"kv-scales file: {service} table has {len(table.k_scale)} k_scales, the {service} "
+            f"has {info.num_layers} layers"
+        )
+    if len(table.k_scale) != len(table.v_scale):
+        raise ValueError(f"kv-scales file: {service} table has unequal k_scale/v_scale lengths")
+    return table
+
+
+def model_limits(
+    config: CoordinatorConfig, draft_info: common_pb2.ModelInfo, target_info: common_pb2.ModelInfo
+) -> ModelLimits:
+    """Pins what the services reported; a draft/target vocab mismatch is a startup error."""
+    if draft_info.vocab_size != target_info.vocab_size:
+        raise RuntimeError(
+            f"draft vocab size {draft_info.vocab_size} != target vocab size "
+            f"{target_info.vocab_size}: the draft must share the target's tokenizer"
+        )
+    max_model_len = target_info.max_model_len
+    if draft_info.max_model_len:
+        max_model_len = min(max_model_len, draft_info.max_model_len)
+    override = config.kv_scales_override
+    return ModelLimits(
+        vocab_size=target_info.vocab_size,
+        max_model_len=max_model_len,
+        eos_token_ids=frozenset(target_info.eos_token_ids or draft_info.eos_token_ids),
+        draft_kv_scales=_kv_table(override.get("draft"), draft_info.kv_scales, "draft", draft_info),
+        target_kv_scales=_kv_table(
+            override.get("target"), target_info.kv_scales, "target", target_info
+        ),
+    )
+
+
+async def _get_info(stub, name: str, address: str, timeout: float) -> common_pb2.ModelInfo:
+    try:
+        return await stub.GetInfo(common_pb2.InfoRequest(), timeout=timeout, wait_for_ready=True)
+    except grpc.aio.AioRpcError as e:
+        raise RuntimeError(
+            f"cannot reach the {name} service at {address} within {timeout:g}s "
+            f"({e.code().name}: {e.details()}); is it running?"
+        ) from None
+
+
+async def create_server(
+    config: CoordinatorConfig, metrics: Metrics | None = None
+) -> tuple[CoordinatorServer, int]:
+    """Connects to both services, pins their ModelInfo, and starts serving on config.port
+    (0 = any free port). Returns the started server and the bound port."""
+    channels = [
+        grpc.aio.insecure_channel(config.draft, options=CHANNEL_OPTIONS),
+        grpc.aio.insecure_channel(config.target, options=CHANNEL_OPTIONS),
+    ]
+    draft = draft_pb2_grpc.DraftServiceStub(channels[0])
+    target = target_pb2_grpc.TargetServiceStub(channels[1])
+    try:
+        draft_info, target_info = await asyncio.gather(
+            _get_info(draft, "draft", config.draft, config.connect_timeout),
+            _get_info(target, "target", config.target, config.connect_timeout),
+        )
+        limits = model_limits(config, draft_info, target_info)
+        tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
+    except BaseException:
+        for channel in channels:
+            await channel.close()
+        raise
+    logger.info(
+        "connected: target %s (%s), draft %s (%s); vocab %d, max_model_len %d",
+        config.target,
+        target_info.model,
+        config.draft,
+        draft_info.model,
+        limits.vocab_size,
+        limits.max_model_len,
+    )
+    metrics = metrics or create_metrics()
+    if config.metrics_port:
+        serve_metrics(metrics, config.metrics_port, host=config.host)
+    engine = Engine(config, draft, target, limits, metrics)
+
+    server = grpc.aio.server()
+    coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
+        CoordinatorServicer(engine, tokenizer), server
+    )
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    wrapper = CoordinatorServer(server, engine, health_servicer, channels)
+    await wrapper.start()
+    return wrapper, port
+
+
+async def serve(config: CoordinatorConfig) -> None:
+    configure_tracing("specdec-coordinator")
+    server, port = await create_server(config)
+    print(f"coordinator listening on {config.host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    logger.info("draining")
+    await server.stop(grace=5.0)
+    shutdown_tracing()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m coordinator", description="specdec coordinator (the public gRPC API)"
+    )
+    CoordinatorConfig.add_cli_args(parser)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = CoordinatorConfig.from_cli_args(args)
+    except ValueError as e:
+        parser.error(str(e))
+    try:
+        asyncio.run(serve(config))
+    except RuntimeError as e:  # startup errors: unreachable service, vocab mismatch
+        logger.error("%s", e)
+        raise SystemExit(1) from None

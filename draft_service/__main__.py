@@ -1,0 +1,3 @@
+from draft_service.server import main
+
+main()

@@ -1,0 +1,334 @@
+"""The draft model's side of a step: ingest committed tokens, then propose K of its own.
+
+Plain domain code (no gRPC): the servicer turns messages into these dataclasses and back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from kernels.paged_kv_cache import OutOfPagesError
+from runtime.kv_scales import KVScaleTable
+from runtime.model_runner import ModelRunner
+from runtime.sequence import SequenceChunk
+from runtime.serving import (
+    InvalidRequestError,
+    OutOfSyncError,
+    Sampling,
+    UnknownRequestError,
+    sample_rows,
+)
+
+RESYNC_HINT = "re-sync from the log (release, then ingest from 0)"
+
+
+@dataclass(frozen=True)
+class IngestPlan:
+    """Committed tokens ``[start_position, start_position + len(token_ids))``."""
+
+    request_id: str
+    start_position: int
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ProposeEntry:
+    request_id: str
+    num_tokens: int
+    sampling: Sampling = Sampling()
+
+
+@dataclass(frozen=True)
+class DraftStep:
+    """``kv_scales_version`` 0 means "the draft's current table"."""
+
+    kv_scales_version: int = 0
+    kv_scales: KVScaleTable | None = None
+    ingest: tuple[IngestPlan, ...] = ()
+    propose: tuple[ProposeEntry, ...] = ()
+
+
+@dataclass(frozen=True)
+class Proposal:
+    request_id: str
+    token_ids: list[int]
+    draft_probs: torch.Tensor | None  # float32 [K, vocab] when sampling, else None
+
+
+@dataclass(frozen=True)
+class DraftStepResult:
+    proposals: list[Proposal]
+    cached: dict[str, int]  # committed length held, per request ingested or proposed for
+
+
+@dataclass
+class _Sequence:
+    """What the draft holds for one request: KV = committed tokens + ``tail``.
+
+    ``tail`` are the draft's own proposals it fed itself (KV cached past the committed
+    length); the next ingest keeps the part of it the coordinator committed.
+    """
+
+    kv_version: int
+    num_committed: int = 0
+    last_token: int = -1
+    tail: list[int] = field(default_factory=list)
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class _Work:
+    """One request's part of this step, decided before any state changes."""
+
+    request_id: str
+    committed: tuple[int, ...] = ()  # tokens the plan adds to the committed log
+    keep: int = 0  # KV length to truncate to before the ingest forward
+    feed: list[int] = field(default_factory=list)  # tokens of the ingest forward
+    num_tokens: int = 0  # K (0: ingest only)
+    sampling: Sampling = Sampling()
+    opens: bool = False
+
+
+class Drafter:
+    """Keeps one draft KV cache per request in sync with the committed log; proposes.
+
+    Invariants: for every held request, the runner holds ``num_committed + len(tail)``
+    tokens; a refused step changes nothing; all ingests of a step are one ``extend``, and
+    each further proposal position is one ``extend`` over every request still proposing.
+    """
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self._seqs: dict[str, _Sequence] = {}
+        self._tables: dict[int, KVScaleTable] = {runner.kv_scales.version: runner.kv_scales}
+        self.num_steps = 0
+        self.num_ingest_plans = 0
+        self.num_ingested_tokens = 0
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._seqs)
+
+    def num_committed(self, request_id: str) -> int:
+        """Committed tokens held for the request (0 if none)."""
+        seq = self._seqs.get(request_id)
+        return seq.num_committed if seq else 0
+
+    # ---- the step --------------------------------------------------------------------------
+
+    def step(self, step: DraftStep) -> DraftStepResult:
+        table = self._resolve_table(step)
+        work = self._plan(step, table.version)
+        self._check_pages(work)
+        if table != self.runner.kv_scales:
+            try:
+                self.runner.set_kv_scales(table)
+            except ValueError as e:
+                raise InvalidRequestError(f"kv_scales: {e}") from None
+        self._tables[table.version] = table
+        first_logits = self._ingest(work, table.version)
+        proposals = self._propose([w for w in work.values() if w.num_tokens], first_logits)
+        self.num_steps += 1
+        self.num_ingest_plans += len(step.ingest)
+        self.num_ingested_tokens += sum(len(p.token_ids) for p in step.ingest)
+        cached = {rid: self._seqs[rid].num_committed for rid in work}
+        return DraftStepResult(proposals, cached)
+
+    def release(self, request_ids: list[str]) -> int:
+        """Drop the requests' sequences (ids not held are ignored); returns how many."""
+        released = 0
+        for rid in dict.fromkeys(request_ids):
+            if self._seqs.pop(rid, None) is not None:
+                self.runner.release(rid)
+                released += 1
+        return released
+
+    # ---- validation (no state changes) -----------------------------------------------------
+
+    def _resolve_table(self, step: DraftStep) -> KVScaleTable:
+        version = step.kv_scales_version or self.runner.kv_scales.version
+        if step.kv_scales is None:
+            if version not in self._tables:
+                raise OutOfSyncError(
+                    f"the draft has no KV-scale table version {version}; send the full table"
+                )
+            return self._tables[version]
+        if step.kv_scales.version != version:
+            raise InvalidRequestError(
+                f"kv_scales_version is {version} but the kv_scales table is version "
+                f"{step.kv_scales.version}"
+            )
+        known = self._tables.get(version)
+        if known is not None and known != step.kv_scales:
+            # Replacing a table is harmless until pages were written under it (e.g. the
+            # coordinator pinned a table from a file at start); after that, bump the version.
+            writers = [
+                rid
+                for rid, seq in self._seqs.items()
+                if seq.kv_version == version and self.runner.seq_len(rid) > 0
+            ]
+            if writers:
+                raise InvalidRequestError(
+                    f"KV-scale table version {version} differs from the one request "
+                    f"{writers[0]} was written with; a changed table needs a new version"
+                )
+        return step.kv_scales
+
+    def _plan(self, step: DraftStep, version: int) -> dict[str, _Work]:
+        vocab, max_len = self.runner.vocab_size, self.runner.max_model_len
+        work: dict[str, _Work] = {}
+        for plan in step.ingest:
+            rid = _check_id(plan.request_id, work, "ingest")
+            held = self.num_committed(rid)
+            if plan.start_position != held:
+                raise OutOfSyncError(
+                    f"request {rid}: ingest starts at {plan.start_position} but the draft "
+                    f"holds {held} committed tokens; {RESYNC_HINT}"
+                )
+            bad = [t for t in plan.token_ids if t >= vocab]
+            if bad:
+                raise InvalidRequestError(
+                    f"request {rid}: token id {bad[0]} is out of range (vocab size {vocab})"
+                )
+            if held + len(plan.token_ids) > max_len:
+                raise InvalidRequestError(
+                    f"request {rid}: {held + len(plan.token_ids)} tokens exceed "
+                    f"max_model_len={max_len}"
+                )
+            work[rid] = _Work(rid, plan.token_ids, opens=rid not in self._seqs)
+        proposing: set[str] = set()
+        for entry in step.propose:
+            rid = _check_id(entry.request_id, proposing, "propose")
+            proposing.add(rid)
+            if entry.num_tokens <= 0:
+                raise InvalidRequestError(f"request {rid}: num_tokens must be > 0")
+            if rid not in self._seqs and rid not in work:
+                raise UnknownRequestError(
+                    f"request {rid}: the draft holds no sequence for it; ingest it from 0"
+                )
+            w = work.setdefault(rid, _Work(rid))
+            length = self.num_committed(rid) + len(w.committed)
+            if length == 0:
+                raise OutOfSyncError(f"request {rid}: cannot propose before any token is ingested")
+            if length + entry.num_tokens > max_len:
+                raise InvalidRequestError(
+                    f"request {rid}: {length} tokens + K={entry.num_tokens} exceed "
+                    f"max_model_len={max_len}"
+                )
+            w.num_tokens, w.sampling = entry.num_tokens, entry.sampling
+        for rid, w in work.items():
+            self._check_version(rid, version)
+            self._decide_feed(w)
+        return work
+
+    def _check_version(self, rid: str, version: int) -> None:
+        seq = self._seqs.get(rid)
+        if seq is not None and seq.kv_version != version and self.runner.seq_len(rid) > 0:
+            raise OutOfSyncError(
+                f"request {rid}: the draft's KV was written under KV-scale table version "
+                f"{seq.kv_version} but this step uses version {version}; {RESYNC_HINT}"
+            )
+
+    def _decide_feed(self, w: _Work) -> None:
+        """Keep the speculative tail's prefix that matches the newly committed tokens."""
+        seq = self._seqs.get(w.request_id)
+        held, tail = (seq.num_committed, seq.tail) if seq else (0, [])
+        matched = 0
+        while matched < min(len(tail), len(w.committed)) and tail[matched] == w.committed[matched]:
+            matched += 1
+        w.keep, w.feed = held + matched, list(w.committed[matched:])
+        if w.num_tokens and not w.feed:
+            # Nothing new to feed, yet the first proposal needs the logits at the last
+            # committed token: drop it from the KV and feed it again.
+            w.keep -= 1
+            w.feed = [w.committed[-1] if w.committed else seq.last_token]
+
+    def _check_pages(self, work: dict[str, _Work]) -> None:
+        page_size = self.runner.config.page_size
+        needed = 0
+        for rid, w in work.items():
+            now = self.runner.seq_len(rid) if rid in self._seqs else 0
+            peak = w.keep + len(w.feed) + max(w.num_tokens - 1, 0)
+            needed += _cdiv(peak, page_size) - _cdiv(now, page_size)
+        free = self.runner.num_free_pages
+        if needed > free:
+            raise OutOfPagesError(needed, free, page_size)
+
+    # ---- state changes ---------------------------------------------------------------------
+
+    def _ingest(self, work: dict[str, _Work], version: int) -> dict[str, torch.Tensor]:
+        """Truncate, then one ``extend`` for every ingest; logits at each proposer's last
+        committed token."""
+        for w in work.values():
+            if w.opens:
+                self.runner.open(w.request_id)
+                self._seqs[w.request_id] = _Sequence(kv_version=version)
+            else:
+                self.runner.truncate(w.request_id, w.keep)
+        chunks = [SequenceChunk(w.request_id, w.feed, int(w.num_tokens > 0)) for w in work.values()]
+        chunks = [c for c in chunks if c.token_ids]
+        try:
+            logits = self.runner.extend(chunks)
+        except BaseException:
+            # Pages were checked up front, so this is unexpected; a truncated sequence can
+            # not be restored, so drop them all and let the coordinator re-sync them.
+            self.release(list(work))
+            raise
+        for w in work.values():
+            seq = self._seqs[w.request_id]
+            seq.num_committed += len(w.committed)
+            if w.committed:
+                seq.last_token = w.committed[-1]
+            seq.tail = []
+            seq.kv_version = version
+        return {c.seq_id: out for c, out in zip(chunks, logits, strict=True) if c.num_logits}
+
+    def _propose(self, work: list[_Work], first: dict[str, torch.Tensor]) -> list[Proposal]:
+        tokens: dict[str, list[int]] = {w.request_id: [] for w in work}
+        probs: dict[str, list[torch.Tensor]] = {w.request_id: [] for w in work}
+        logits = first
+        for position in range(max((w.num_tokens for w in work), default=0)):
+            active = [w for w in work if w.num_tokens > position]
+            if position > 0:
+                chunks = [SequenceChunk(w.request_id, [tokens[w.request_id][-1]]) for w in active]
+                outs = self.runner.extend(chunks)
+                logits = {c.seq_id: out for c, out in zip(chunks, outs, strict=True)}
+                for w in active:
+                    self._seqs[w.request_id].tail.append(tokens[w.request_id][-1])
+            for w in active:
+                token, row = self._pick(w, logits[w.request_id])
+                tokens[w.request_id].append(token)
+                if row is not None:
+                    probs[w.request_id].append(row)
+        return [
+            Proposal(
+                w.request_id,
+                tokens[w.request_id],
+                torch.stack(probs[w.request_id]) if probs[w.request_id] else None,
+            )
+            for w in work
+        ]
+
+    def _pick(self, w: _Work, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+        """Greedy: argmax. Sampling: a draw from q (the request's seeded generator) and q."""
+        if w.sampling.greedy:
+            return int(logits[-1].argmax()), None
+        seq = self._seqs[w.request_id]
+        if seq.generator is None:
+            seq.generator = w.sampling.new_generator(logits.device)
+        q = w.sampling.probs(logits[-1:])
+        return sample_rows(q, seq.generator)[0], q[0]
+
+
+def _check_id(request_id: str, seen: dict | set, where: str) -> str:
+    if not request_id:
+        raise InvalidRequestError(f"{where}: request_id must not be empty")
+    if request_id in seen:
+        raise InvalidRequestError(f"{where}: request {request_id} appears twice in one step")
+    return request_id
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)

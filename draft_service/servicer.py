@@ -1,0 +1,85 @@
+"""DraftService RPCs: proto -> domain -> proto, model work on the executor."""
+
+from __future__ import annotations
+
+import grpc
+
+from draft_service.drafter import Drafter, DraftStep, DraftStepResult, IngestPlan, ProposeEntry
+from protos.specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from runtime.serving import ModelExecutor, Sampling, kv_table_from_proto, model_info
+
+
+def step_from_proto(msg: draft_pb2.DraftStepRequest) -> DraftStep:
+    return DraftStep(
+        kv_scales_version=msg.kv_scales_version,
+        kv_scales=kv_table_from_proto(msg.kv_scales) if msg.HasField("kv_scales") else None,
+        ingest=tuple(
+            IngestPlan(p.request_id, p.start_position, tuple(p.token_ids)) for p in msg.ingest
+        ),
+        propose=tuple(
+            ProposeEntry(e.request_id, e.num_tokens, Sampling.from_proto(e.sampling, e.request_id))
+            for e in msg.propose
+        ),
+    )
+
+
+def result_to_proto(result: DraftStepResult) -> draft_pb2.DraftStepResponse:
+    return draft_pb2.DraftStepResponse(
+        proposals=[
+            draft_pb2.Proposal(
+                request_id=p.request_id,
+                token_ids=p.token_ids,
+                # float32 little-endian, row-major [K, vocab]
+                draft_probs=b""
+                if p.draft_probs is None
+                else p.draft_probs.to("cpu").contiguous().numpy().astype("<f4").tobytes(),
+            )
+            for p in result.proposals
+        ],
+        cached=[
+            common_pb2.CachedLength(request_id=rid, num_cached_tokens=n)
+            for rid, n in result.cached.items()
+        ],
+    )
+
+
+class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
+    def __init__(self, drafter: Drafter, executor: ModelExecutor) -> None:
+        self.drafter = drafter
+        self.executor = executor
+
+    async def Step(
+        self, request: draft_pb2.DraftStepRequest, context: grpc.aio.ServicerContext
+    ) -> draft_pb2.DraftStepResponse:
+        return await self.executor.call(context, self._step, request)
+
+    async def Release(
+        self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ReleaseResponse:
+        return await self.executor.call(context, self._release, request)
+
+    async def GetInfo(
+        self, request: common_pb2.InfoRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ModelInfo:
+        return await self.executor.call(context, self._info)
+
+    # Run on the executor thread: the drafter and its runner have one caller at a time.
+
+    def _step(self, request: draft_pb2.DraftStepRequest) -> draft_pb2.DraftStepResponse:
+        return result_to_proto(self.drafter.step(step_from_proto(request)))
+
+    def _release(self, request: common_pb2.ReleaseRequest) -> common_pb2.ReleaseResponse:
+        num_released = self.drafter.release(list(request.request_ids))
+        return common_pb2.ReleaseResponse(
+            num_released=num_released, num_free_pages=self.drafter.runner.num_free_pages
+        )
+
+    def _info(self) -> common_pb2.ModelInfo:
+        d = self.drafter
+        return model_info(
+            d.runner,
+            num_steps=d.num_steps,
+            num_ingest_plans=d.num_ingest_plans,
+            num_ingested_tokens=d.num_ingested_tokens,
+            num_sequences=d.num_sequences,
+        )

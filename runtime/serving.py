@@ -1,0 +1,288 @@
+"""gRPC scaffolding shared by the draft and target services.
+
+The service config and its flags, the domain errors and the ONE place that maps them to
+status codes, the one-thread model executor, health + reflection, ModelInfo and
+KV-scale conversion, sampling parameters, warm-up, and the serve-until-signal loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import logging
+import signal
+import typing
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
+
+import grpc
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from kernels.fp8 import KV_CACHE_DTYPES
+from kernels.paged_kv_cache import OutOfPagesError
+from kernels.sampling import logits_to_probs
+from protos.specdec.v1 import common_pb2
+from runtime.config import COMPUTE_DTYPES, RuntimeConfig
+from runtime.kv_scales import KVScalesMismatchError, KVScaleTable
+from runtime.model_runner import ModelRunner
+from runtime.sequence import SequenceChunk
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Draft probabilities are K x vocab float32 (8 x 152k x 4 B is ~5 MB): above gRPC's 4 MB.
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+# ---- config -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """How a model service runs; flags are vLLM's names (``--block-size``, ...)."""
+
+    model: str = field(metadata={"help": "Hugging Face checkpoint folder"})
+    host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
+    port: int = field(default=0, metadata={"help": "port to bind (0 = any free port)"})
+    kv_cache_dtype: str = field(default="auto", metadata={"choices": KV_CACHE_DTYPES})
+    dtype: str = field(default="float32", metadata={"choices": COMPUTE_DTYPES})
+    block_size: int = field(default=16, metadata={"help": "tokens per KV page"})
+    num_gpu_blocks_override: int | None = field(
+        default=None, metadata={"help": "number of KV pages (default: from the memory budget)"}
+    )
+    kv_cache_memory_bytes: int | None = field(default=None, metadata={"help": "KV budget"})
+    max_model_len: int | None = field(default=None, metadata={"help": "default: checkpoint's"})
+    device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:1, ..."})
+    grace_s: float = field(default=5.0, metadata={"help": "drain time on SIGTERM"})
+
+    def runtime_config(self) -> RuntimeConfig:
+        return RuntimeConfig(
+            model=self.model,
+            dtype=self.dtype,
+            kv_cache_dtype=self.kv_cache_dtype,
+            page_size=self.block_size,
+            num_pages=self.num_gpu_blocks_override,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            max_model_len=self.max_model_len,
+            device=self.device,
+        )
+
+    @classmethod
+    def from_args(cls, prog: str, argv: Sequence[str] | None = None) -> ServiceConfig:
+        """Parse flags whose names, types, defaults and choices come from the fields."""
+        parser = argparse.ArgumentParser(prog=prog)
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            kind = next(t for t in (int, float, str) if t in (hints[f.name], *_args(hints[f.name])))
+            required = f.name == "model"
+            parser.add_argument(
+                "--" + f.name.replace("_", "-"),
+                type=kind,
+                required=required,
+                default=None if required else f.default,
+                choices=f.metadata.get("choices"),
+                help=f.metadata.get("help"),
+            )
+        return cls(**vars(parser.parse_args(argv)))
+
+
+def _args(hint: Any) -> tuple[Any, ...]:
+    return typing.get_args(hint)
+
+
+# ---- domain errors and their status codes (the one place) ---------------------------------
+
+
+class InvalidRequestError(ValueError):
+    """The message is malformed or asks for the impossible (INVALID_ARGUMENT)."""
+
+
+class UnknownRequestError(KeyError):
+    """The service holds no sequence for the request (NOT_FOUND)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class OutOfSyncError(RuntimeError):
+    """The service's cache disagrees with the caller's log (FAILED_PRECONDITION)."""
+
+
+STATUS_CODES: dict[type[BaseException], grpc.StatusCode] = {
+    InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
+    UnknownRequestError: grpc.StatusCode.NOT_FOUND,
+    OutOfSyncError: grpc.StatusCode.FAILED_PRECONDITION,
+    KVScalesMismatchError: grpc.StatusCode.FAILED_PRECONDITION,
+    OutOfPagesError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+def status_code_for(exc: BaseException) -> grpc.StatusCode:
+    for kind, code in STATUS_CODES.items():
+        if isinstance(exc, kind):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+# ---- the model executor ------------------------------------------------------------------
+
+
+class ModelExecutor:
+    """One worker thread that owns the runner: model work never runs on the event loop,
+    and the (not thread-safe) runner sees one caller at a time."""
+
+    def __init__(self, name: str) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
+
+    async def call(self, context: grpc.aio.ServicerContext, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn`` on the worker; a domain error aborts the RPC with its status code."""
+        try:
+            return await self.run(fn, *args)
+        except Exception as exc:
+            code = status_code_for(exc)
+            if code == grpc.StatusCode.INTERNAL:
+                log.exception("unexpected error in %s", getattr(fn, "__name__", fn))
+            await context.abort(code, str(exc) or type(exc).__name__)
+            raise  # unreachable: abort raises
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def load_runner(config: ServiceConfig) -> ModelRunner:
+    """Load the weights and run one prefill and one decode step (FP8 paths included)."""
+    runner = ModelRunner(config.runtime_config())
+    seq = "\x00warmup"
+    runner.open(seq)
+    try:
+        runner.extend([SequenceChunk(seq, [0, 1, 2, 3])])
+        runner.extend([SequenceChunk(seq, [4])])
+    finally:
+        runner.release(seq)
+    return runner
+
+
+# ---- server building and running ---------------------------------------------------------
+
+
+async def build_server(
+    config: ServiceConfig,
+    service_name: str,
+    add_servicer: Callable[[grpc.aio.Server], None],
+) -> tuple[grpc.aio.Server, int]:
+    """An unstarted aio server with the app servicer, health (SERVING) and reflection.
+
+    Call it once the model is loaded and warmed up: health reports SERVING from the start.
+    """
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    add_servicer(server)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    names = (service_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+    reflection.enable_server_reflection((*names, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    if port == 0:
+        raise OSError(f"could not bind {config.host}:{config.port}")
+    for name in ("", service_name):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, port
+
+
+async def run_until_signal(server: grpc.aio.Server, banner: str, grace_s: float) -> None:
+    """Start, print ``banner`` (the launcher waits for it), and drain on SIGTERM/SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    print(banner, flush=True)
+    await stop.wait()
+    log.info("draining for up to %.1f s", grace_s)
+    await server.stop(grace_s)
+
+
+# ---- messages shared by both services ----------------------------------------------------
+
+
+def kv_table_to_proto(table: KVScaleTable) -> common_pb2.KVScaleTable:
+    return common_pb2.KVScaleTable(
+        version=table.version, dtype=table.dtype, k_scale=table.k_scale, v_scale=table.v_scale
+    )
+
+
+def kv_table_from_proto(msg: common_pb2.KVScaleTable) -> KVScaleTable:
+    try:
+        return KVScaleTable(msg.version, msg.dtype, tuple(msg.k_scale), tuple(msg.v_scale))
+    except ValueError as e:
+        raise InvalidRequestError(f"bad kv_scales table: {e}") from None
+
+
+def model_info(runner: ModelRunner, **counters: int) -> common_pb2.ModelInfo:
+    return common_pb2.ModelInfo(
+        model=runner.model_name,
+        vocab_size=runner.vocab_size,
+        max_model_len=runner.max_model_len,
+        kv_cache_dtype=runner.kv_cache_dtype,
+        num_free_pages=runner.num_free_pages,
+        num_total_pages=runner.cache.num_pages,
+        page_size=runner.config.page_size,
+        eos_token_ids=runner.eos_token_ids,
+        kv_scales=kv_table_to_proto(runner.kv_scales),
+        num_layers=runner.num_layers,
+        **counters,
+    )
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """``SamplingParams`` checked: temperature 0 = greedy; top_p 0 means off (1.0)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    @classmethod
+    def from_proto(cls, msg: common_pb2.SamplingParams, request_id: str) -> Sampling:
+        t, p = msg.temperature, msg.top_p
+        if not (t >= 0.0 and t != float("inf")):
+            raise InvalidRequestError(f"request {request_id}: temperature must be >= 0, got {t}")
+        if not 0.0 <= p <= 1.0:
+            raise InvalidRequestError(f"request {request_id}: top_p must be in [0, 1], got {p}")
+        seed = msg.seed if msg.HasField("seed") else None
+        return cls(float(t), float(p) if p > 0 else 1.0, int(msg.top_k), seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits_to_probs(logits, self.temperature, self.top_k, self.top_p)
+
+    def new_generator(self, device: torch.device) -> torch.Generator:
+        """Seeded from ``seed`` when set (reproducible output), else from fresh entropy."""
+        gen = torch.Generator(device=device)
+        if self.seed is None:
+            gen.seed()
+        else:
+            gen.manual_seed(self.seed)
+        return gen
+
+
+def sample_rows(probs: torch.Tensor, generator: torch.Generator) -> list[int]:
+    """One token per row of ``probs`` ``[N, V]``."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1).tolist()

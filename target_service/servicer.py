@@ -1,0 +1,93 @@
+"""TargetService RPCs: proto -> domain -> proto, model work on the executor."""
+
+from __future__ import annotations
+
+import grpc
+import torch
+
+from protos.specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
+from runtime.serving import (
+    InvalidRequestError,
+    ModelExecutor,
+    Sampling,
+    model_info,
+)
+from target_service.verifier import PrefillChunk, Verifier, VerifyEntry, VerifyResult
+
+
+def prefill_from_proto(msg: target_pb2.PrefillChunk) -> PrefillChunk:
+    sampling = Sampling.from_proto(msg.sampling, msg.request_id)
+    return PrefillChunk(
+        msg.request_id, msg.start_position, tuple(msg.token_ids), msg.is_last, sampling
+    )
+
+
+def entry_from_proto(msg: target_pb2.VerifyEntry) -> VerifyEntry:
+    return VerifyEntry(
+        msg.request_id,
+        msg.start_position,
+        msg.last_token_id,
+        tuple(msg.proposal_ids),
+        probs_from_bytes(msg.draft_probs, msg.request_id),
+        Sampling.from_proto(msg.sampling, msg.request_id),
+    )
+
+
+def probs_from_bytes(data: bytes, request_id: str) -> torch.Tensor | None:
+    """Float32 little-endian values, as ``Proposal.draft_probs``; None when empty."""
+    if not data:
+        return None
+    if len(data) % 4:
+        raise InvalidRequestError(
+            f"request {request_id}: draft_probs has {len(data)} bytes, not a whole number "
+            f"of float32 values"
+        )
+    return torch.frombuffer(bytearray(data), dtype=torch.float32)
+
+
+def result_to_proto(r: VerifyResult) -> target_pb2.VerifyResult:
+    return target_pb2.VerifyResult(
+        request_id=r.request_id,
+        token_ids=r.token_ids,
+        num_accepted=r.num_accepted,
+        num_cached_tokens=r.num_cached_tokens,
+    )
+
+
+class TargetServicer(target_pb2_grpc.TargetServiceServicer):
+    def __init__(self, verifier: Verifier, executor: ModelExecutor) -> None:
+        self.verifier = verifier
+        self.executor = executor
+
+    async def Verify(
+        self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext
+    ) -> target_pb2.VerifyResponse:
+        return await self.executor.call(context, self._verify, request)
+
+    async def Release(
+        self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ReleaseResponse:
+        return await self.executor.call(context, self._release, request)
+
+    async def GetInfo(
+        self, request: common_pb2.InfoRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ModelInfo:
+        return await self.executor.call(context, self._info)
+
+    # Run on the executor thread: the verifier and its runner have one caller at a time.
+
+    def _verify(self, request: target_pb2.VerifyRequest) -> target_pb2.VerifyResponse:
+        prefill = [prefill_from_proto(c) for c in request.prefill]
+        decode = [entry_from_proto(e) for e in request.decode]
+        results = self.verifier.verify(prefill, decode)
+        return target_pb2.VerifyResponse(results=[result_to_proto(r) for r in results])
+
+    def _release(self, request: common_pb2.ReleaseRequest) -> common_pb2.ReleaseResponse:
+        num_released = self.verifier.release(list(request.request_ids))
+        return common_pb2.ReleaseResponse(
+            num_released=num_released, num_free_pages=self.verifier.runner.num_free_pages
+        )
+
+    def _info(self) -> common_pb2.ModelInfo:
+        v = self.verifier
+        return model_info(v.runner, num_steps=v.num_steps, num_sequences=v.num_sequences)

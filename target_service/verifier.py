@@ -1,0 +1,194 @@
+"""The target model's side of a step: prefill chunks and verify proposals, one forward.
+
+Plain domain code (no gRPC): the servicer turns messages into these dataclasses and back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.verify import chain_speculative_sampling, verify_greedy
+from runtime.model_runner import ModelRunner
+from runtime.sequence import SequenceChunk
+from runtime.serving import (
+    InvalidRequestError,
+    OutOfSyncError,
+    Sampling,
+    UnknownRequestError,
+    sample_rows,
+)
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Prompt tokens from ``start_position``; ``is_last`` emits the first generated token."""
+
+    request_id: str
+    start_position: int
+    token_ids: tuple[int, ...]
+    is_last: bool = False
+    sampling: Sampling = Sampling()
+
+
+@dataclass(frozen=True)
+class VerifyEntry:
+    """Verify ``[last_token_id, *proposal_ids]``; ``start_position`` is the last token's."""
+
+    request_id: str
+    start_position: int
+    last_token_id: int
+    proposal_ids: tuple[int, ...] = ()
+    draft_probs: torch.Tensor | None = None  # float32, K * vocab values; needed when sampling
+    sampling: Sampling = Sampling()
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    request_id: str
+    token_ids: list[int]  # accepted proposals + the target's own token; [] mid-prefill
+    num_accepted: int
+    num_cached_tokens: int
+
+
+class Verifier:
+    """Runs prefill chunks and verify entries of a step in ONE ``extend``.
+
+    Invariants: a refused or failed step changes no sequence; after a verify the target
+    holds ``start_position + 1 + num_accepted`` tokens (rejected positions are dropped).
+    """
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self._generators: dict[str, torch.Generator] = {}
+        self.num_steps = 0
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._generators)
+
+    def release(self, request_ids: list[str]) -> int:
+        """Drop the requests' sequences (ids not held are ignored); returns how many."""
+        released = 0
+        for rid in dict.fromkeys(request_ids):
+            if self._generators.pop(rid, None) is not None:
+                self.runner.release(rid)
+                released += 1
+        return released
+
+    def verify(self, prefill: list[PrefillChunk], decode: list[VerifyEntry]) -> list[VerifyResult]:
+        self._validate(prefill, decode)
+        opened = [c for c in prefill if c.request_id not in self._generators]
+        for c in opened:
+            self.runner.open(c.request_id)
+            self._generators[c.request_id] = c.sampling.new_generator(self.runner.device)
+        chunks = [SequenceChunk(c.request_id, list(c.token_ids), int(c.is_last)) for c in prefill]
+        chunks += [
+            SequenceChunk(e.request_id, [e.last_token_id, *e.proposal_ids], len(e.proposal_ids) + 1)
+            for e in decode
+        ]
+        try:
+            logits = self.runner.extend(chunks)
+        except BaseException:
+            self.release([c.request_id for c in opened])  # extend changed nothing else
+            raise
+        results = [self._emit_first(c, out) for c, out in zip(prefill, logits, strict=False)]
+        results += [
+            self._accept(e, out) for e, out in zip(decode, logits[len(prefill) :], strict=True)
+        ]
+        self.num_steps += 1
+        return results
+
+    # ---- validation (no state changes) -----------------------------------------------------
+
+    def _validate(self, prefill: list[PrefillChunk], decode: list[VerifyEntry]) -> None:
+        seen: set[str] = set()
+        max_len = self.runner.max_model_len
+        for c in prefill:
+            rid = self._check_id(c.request_id, seen)
+            held = self._held(rid)
+            if c.start_position != held:
+                raise OutOfSyncError(
+                    f"request {rid}: prefill chunk starts at {c.start_position} but the target "
+                    f"holds {held} tokens"
+                )
+            if c.is_last and not c.token_ids:
+                raise InvalidRequestError(f"request {rid}: the last prefill chunk is empty")
+            self._check_tokens(rid, c.token_ids)
+            if held + len(c.token_ids) > max_len:
+                raise InvalidRequestError(
+                    f"request {rid}: {held + len(c.token_ids)} tokens exceed "
+                    f"max_model_len={max_len}"
+                )
+        for e in decode:
+            rid = self._check_id(e.request_id, seen)
+            if rid not in self._generators:
+                raise UnknownRequestError(f"request {rid}: the target holds no sequence for it")
+            held = self.runner.seq_len(rid)
+            if e.start_position != held:
+                raise OutOfSyncError(
+                    f"request {rid}: verify starts at {e.start_position} but the target holds "
+                    f"{held} tokens"
+                )
+            k = len(e.proposal_ids)
+            self._check_tokens(rid, (e.last_token_id, *e.proposal_ids))
+            if held + 1 + k > max_len:
+                raise InvalidRequestError(
+                    f"request {rid}: {held} tokens + 1 + K={k} exceed max_model_len={max_len}"
+                )
+            expected = k * self.runner.vocab_size
+            got = 0 if e.draft_probs is None else e.draft_probs.numel()
+            if not e.sampling.greedy and k and got != expected:
+                raise InvalidRequestError(
+                    f"request {rid}: draft_probs holds {got} floats, expected K x vocab = "
+                    f"{k} x {self.runner.vocab_size} = {expected} (float32, {expected * 4} bytes)"
+                )
+
+    def _held(self, rid: str) -> int:
+        return self.runner.seq_len(rid) if rid in self._generators else 0
+
+    def _check_id(self, rid: str, seen: set[str]) -> str:
+        if not rid:
+            raise InvalidRequestError("request_id must not be empty")
+        if rid in seen:
+            raise InvalidRequestError(f"request {rid} appears twice in one verify step")
+        seen.add(rid)
+        return rid
+
+    def _check_tokens(self, rid: str, token_ids: tuple[int, ...]) -> None:
+        vocab = self.runner.vocab_size
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"request {rid}: token id {bad[0]} is out of range (vocab size {vocab})"
+            )
+
+    # ---- results ---------------------------------------------------------------------------
+
+    def _emit_first(self, c: PrefillChunk, logits: torch.Tensor) -> VerifyResult:
+        tokens: list[int] = []
+        if c.is_last:
+            if c.sampling.greedy:
+                tokens = [int(logits[-1].argmax())]
+            else:
+                gen = self._generators[c.request_id]
+                tokens = sample_rows(c.sampling.probs(logits[-1:]), gen)
+        return VerifyResult(c.request_id, tokens, 0, self.runner.seq_len(c.request_id))
+
+    def _accept(self, e: VerifyEntry, logits: torch.Tensor) -> VerifyResult:
+        proposals = list(e.proposal_ids)
+        if e.sampling.greedy:
+            emitted, accepted = verify_greedy(logits, proposals)
+        else:
+            vocab = self.runner.vocab_size
+            if e.draft_probs is None or not proposals:
+                q = logits.new_empty(0, vocab)
+            else:
+                q = e.draft_probs.view(len(proposals), vocab).to(logits.device)
+            p = e.sampling.probs(logits)
+            gen = self._generators[e.request_id]
+            emitted, accepted = chain_speculative_sampling(q, proposals, p, gen)
+        # Drop the KV of rejected proposals before answering.
+        self.runner.truncate(e.request_id, e.start_position + 1 + accepted)
+        return VerifyResult(e.request_id, emitted, accepted, self.runner.seq_len(e.request_id))

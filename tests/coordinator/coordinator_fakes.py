@@ -1,0 +1,197 @@
+"""In-process fake draft and target services for coordinator tests (no torch).
+
+The fake target is a deterministic "model": after a log of n tokens its greedy token is
+`next_token(n)`. The fake draft proposes `next_token` too, except at positions listed in
+`wrong_positions`, so acceptance is predictable. Both keep per-request state, check
+start positions like the real services and record every call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from protos.specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
+
+VOCAB = 100
+MAX_MODEL_LEN = 64
+EOS = 99
+
+
+def next_token(n: int) -> int:
+    """The target's greedy token after n committed tokens (never EOS)."""
+    return (n * 7 + 3) % 97
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
+def model_info(num_layers: int = 2) -> common_pb2.ModelInfo:
+    return common_pb2.ModelInfo(
+        model="fake",
+        vocab_size=VOCAB,
+        max_model_len=MAX_MODEL_LEN,
+        eos_token_ids=[EOS],
+        num_layers=num_layers,
+        kv_scales=common_pb2.KVScaleTable(
+            version=7, dtype="fp8", k_scale=[1.0] * num_layers, v_scale=[1.0] * num_layers
+        ),
+    )
+
+
+class FakeTarget:
+    def __init__(self, delay: float = 0.0) -> None:
+        self.held: dict[str, int] = {}
+        self.requests: list[target_pb2.VerifyRequest] = []
+        self.released: list[str] = []
+        self.errors: list[grpc.aio.AioRpcError] = []  # raised by the next Verify calls
+        self.override: dict[int, int] = {}  # position -> token, to plant an EOS
+        self.metadata: list[dict[str, str]] = []  # gRPC metadata of each Verify
+        self.delay = delay
+
+    def token_at(self, n: int) -> int:
+        return self.override.get(n, next_token(n))
+
+    async def Verify(self, request, timeout=None, metadata=None):
+        self.requests.append(request)
+        self.metadata.append(dict(metadata or ()))
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.errors:
+            raise self.errors.pop(0)
+        results = []
+        for chunk in request.prefill:
+            held = self.held.get(chunk.request_id, 0)
+            if chunk.start_position != held:
+                raise rpc_error(grpc.StatusCode.FAILED_PRECONDITION, "bad prefill start")
+            held += len(chunk.token_ids)
+            self.held[chunk.request_id] = held
+            tokens = [self.token_at(held)] if chunk.is_last else []
+            results.append(
+                target_pb2.VerifyResult(
+                    request_id=chunk.request_id, token_ids=tokens, num_cached_tokens=held
+                )
+            )
+        for entry in request.decode:
+            held = self.held.get(entry.request_id)
+            if held != entry.start_position:
+                raise rpc_error(grpc.StatusCode.FAILED_PRECONDITION, "bad decode start")
+            committed = held + 1
+            accepted = 0
+            for i, proposal in enumerate(entry.proposal_ids):
+                if proposal != self.token_at(committed + i):
+                    break
+                accepted += 1
+            tokens = list(entry.proposal_ids[:accepted]) + [self.token_at(committed + accepted)]
+            self.held[entry.request_id] = committed + accepted
+            results.append(
+                target_pb2.VerifyResult(
+                    request_id=entry.request_id,
+                    token_ids=tokens,
+                    num_accepted=accepted,
+                    num_cached_tokens=committed + accepted,
+                )
+            )
+        return target_pb2.VerifyResponse(results=results)
+
+    async def Release(self, request, timeout=None, metadata=None):
+        self.released.extend(request.request_ids)
+        for rid in request.request_ids:
+            self.held.pop(rid, None)
+        return common_pb2.ReleaseResponse(num_released=len(request.request_ids))
+
+    async def GetInfo(self, request, timeout=None, metadata=None, wait_for_ready=None):
+        return model_info()
+
+
+class FakeDraft:
+    def __init__(self, wrong_positions: frozenset[int] = frozenset()) -> None:
+        self.logs: dict[str, list[int]] = {}
+        self.released_logs: dict[str, list[int]] = {}  # what it held when released
+        self.requests: list[draft_pb2.DraftStepRequest] = []
+        self.releases: list[list[str]] = []
+        self.errors: list[BaseException] = []  # raised by the next Step calls
+        self.wrong_positions = wrong_positions
+        self.kv_version: int | None = None
+        self.failed_request: draft_pb2.DraftStepRequest | None = None
+
+    async def Step(self, request, timeout=None, metadata=None):
+        self.requests.append(request)
+        if self.errors:
+            self.failed_request = request
+            raise self.errors.pop(0)
+        if request.HasField("kv_scales"):
+            self.kv_version = request.kv_scales.version
+        if request.kv_scales_version != self.kv_version:
+            raise rpc_error(grpc.StatusCode.FAILED_PRECONDITION, "kv scales version mismatch")
+        for plan in request.ingest:
+            log = self.logs.setdefault(plan.request_id, [])
+            if plan.start_position != len(log):
+                raise rpc_error(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"{plan.request_id}: start {plan.start_position} != held {len(log)}",
+                )
+            log.extend(plan.token_ids)
+        proposals = []
+        for entry in request.propose:
+            n = len(self.logs[entry.request_id])
+            ids = [
+                (next_token(n + i) + 1) % 97 if n + i in self.wrong_positions else next_token(n + i)
+                for i in range(entry.num_tokens)
+            ]
+            proposals.append(draft_pb2.Proposal(request_id=entry.request_id, token_ids=ids))
+        touched = {p.request_id for p in request.ingest} | {p.request_id for p in request.propose}
+        cached = [
+            common_pb2.CachedLength(request_id=rid, num_cached_tokens=len(self.logs[rid]))
+            for rid in sorted(touched)
+        ]
+        return draft_pb2.DraftStepResponse(proposals=proposals, cached=cached)
+
+    async def Release(self, request, timeout=None, metadata=None):
+        self.releases.append(list(request.request_ids))
+        for rid in request.request_ids:
+            if rid in self.logs:
+                self.released_logs[rid] = self.logs.pop(rid)
+        return common_pb2.ReleaseResponse(num_released=len(request.request_ids))
+
+    async def GetInfo(self, request, timeout=None, metadata=None, wait_for_ready=None):
+        return model_info()
+
+
+async def _serve_call(context, call):
+    try:
+        return await call
+    except grpc.aio.AioRpcError as e:
+        await context.abort(e.code(), e.details())
+
+
+class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
+    """Serves a FakeDraft over real gRPC."""
+
+    def __init__(self, fake: FakeDraft) -> None:
+        self.fake = fake
+
+    async def Step(self, request, context):
+        return await _serve_call(context, self.fake.Step(request))
+
+    async def Release(self, request, context):
+        return await _serve_call(context, self.fake.Release(request))
+
+    async def GetInfo(self, request, context):
+        return await self.fake.GetInfo(request)
+
+
+class TargetServicer(target_pb2_grpc.TargetServiceServicer):
+    def __init__(self, fake: FakeTarget) -> None:
+        self.fake = fake
+
+    async def Verify(self, request, context):
+        return await _serve_call(context, self.fake.Verify(request))
+
+    async def Release(self, request, context):
+        return await _serve_call(context, self.fake.Release(request))
+
+    async def GetInfo(self, request, context):
+        return await self.fake.GetInfo(request)

@@ -1,0 +1,76 @@
+"""Speculative config parsing and the CLI built from the config dataclass."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from coordinator.config import CoordinatorConfig, SpeculativeConfig
+
+
+def test_per_batch_size_table_is_inclusive_and_uncovered_sizes_run_k0():
+    spec = SpeculativeConfig.from_json(
+        '{"num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 2, 0], [4, 8, 2]]}'
+    )
+    assert [spec.k_for_batch_size(bs) for bs in range(1, 10)] == [3, 0, 0, 2, 2, 2, 2, 2, 0]
+    assert spec.max_k == 3
+
+
+def test_fixed_k_and_empty_config():
+    assert SpeculativeConfig.from_json('{"num_speculative_tokens": 5}').k_for_batch_size(9) == 5
+    assert SpeculativeConfig.from_json("").k_for_batch_size(1) == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{", "not valid JSON"),
+        ("[1]", "JSON object"),
+        ('{"num_speculative_tokens": -1}', ">= 0"),
+        ('{"num_speculative_tokens": 2.5}', ">= 0"),
+        ('{"num_speculative_tokens_per_batch_size": [[1, 2]]}', "[min_bs, max_bs, K]"),
+        ('{"num_speculative_tokens_per_batch_size": [[1, 2, "3"]]}', "[min_bs, max_bs, K]"),
+        ('{"num_speculative_tokens_per_batch_size": [[3, 2, 1]]}', "min_bs must be <= max_bs"),
+        ('{"num_speculative_tokens_per_batch_size": [[0, 2, 1]]}', "min_bs must be >= 1"),
+        ('{"num_speculative_tokens_per_batch_size": [[1, 2, -1]]}', "K must be >= 0"),
+        ('{"num_speculative_tokens_per_batch_size": [[1, 4, 3], [4, 8, 1]]}', "overlap"),
+        ('{"num_speculative_tokens_per_batch_size": 3}', "list of rows"),
+        (
+            '{"num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": [[1, 1, 3]]}',
+            "more tokens than num_speculative_tokens=2",
+        ),
+        ('{"num_speculative_token": 2}', "unknown keys"),
+    ],
+)
+def test_bad_speculative_config_is_a_value_error_naming_the_problem(text, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        SpeculativeConfig.from_json(text)
+
+
+def test_coordinator_config_validates_speculative_config_at_construction():
+    with pytest.raises(ValueError, match="overlap"):
+        CoordinatorConfig(
+            speculative_config='{"num_speculative_tokens_per_batch_size": [[1,2,1],[2,3,1]]}'
+        )
+
+
+def test_cli_defaults_come_from_the_dataclass():
+    parser = argparse.ArgumentParser()
+    CoordinatorConfig.add_cli_args(parser)
+    default = CoordinatorConfig.from_cli_args(parser.parse_args([]))
+    assert default == CoordinatorConfig()
+    config = CoordinatorConfig.from_cli_args(
+        parser.parse_args(
+            [
+                "--port", "0",
+                "--max-num-seqs", "4",
+                "--speculative-config", '{"num_speculative_tokens": 2}',
+                "--draft-rebuild-every-step",
+                "--draft-timeout", "0.5",
+            ]
+        )
+    )  # fmt: skip
+    assert config.port == 0 and config.max_num_seqs == 4 and config.draft_timeout == 0.5
+    assert config.draft_rebuild_every_step is True
+    assert config.speculative.k_for_batch_size(1) == 2

@@ -1,0 +1,267 @@
+"""The engine's step loop against in-process fake draft and target services."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from coordinator_fakes import (
+    EOS,
+    MAX_MODEL_LEN,
+    FakeDraft,
+    FakeTarget,
+    model_info,
+    next_token,
+    rpc_error,
+)
+
+from coordinator.config import CoordinatorConfig
+from coordinator.engine import Engine, ModelLimits
+from coordinator.errors import ServiceError
+from coordinator.request import Request, SamplingParams
+from coordinator.stats import SpecStats
+
+
+def make_engine(draft: FakeDraft, target: FakeTarget, **config) -> Engine:
+    config.setdefault("speculative_config", '{"num_speculative_tokens": 3}')
+    config.setdefault("draft_retry_interval", 0.0)
+    info = model_info()
+    limits = ModelLimits(
+        vocab_size=info.vocab_size,
+        max_model_len=info.max_model_len,
+        eos_token_ids=frozenset(info.eos_token_ids),
+        draft_kv_scales=info.kv_scales,
+    )
+    return Engine(CoordinatorConfig(**config), draft, target, limits)
+
+
+def make_request(rid: str, prompt: list[int], max_tokens: int = 12, **kw) -> Request:
+    return Request(rid, prompt, SamplingParams(), max_tokens, **kw)
+
+
+def expected_output(prompt_len: int, max_tokens: int) -> list[int]:
+    return [next_token(n) for n in range(prompt_len, prompt_len + max_tokens)]
+
+
+async def collect(request: Request) -> tuple[list[int], str | None, Exception | None]:
+    tokens: list[int] = []
+    while True:
+        out = await asyncio.wait_for(request.outputs.get(), 5)
+        tokens += out.token_ids
+        if out.finished:
+            return tokens, out.finish_reason, out.error
+
+
+async def run(engine: Engine, *requests: Request) -> list[tuple]:
+    engine.start()
+    try:
+        for r in requests:
+            engine.add_request(r)
+        return await asyncio.gather(*(collect(r) for r in requests))
+    finally:
+        await engine.stop()
+
+
+def test_greedy_output_matches_the_target_and_the_draft_log_matches_the_commit_log():
+    draft, target = FakeDraft(wrong_positions=frozenset({9, 14})), FakeTarget()
+    engine = make_engine(draft, target, max_num_batched_tokens=4)
+    a = make_request("a", [5, 6, 7, 8, 9, 10], max_tokens=12)
+    b = make_request("b", [1, 2, 3], max_tokens=7)
+    results = asyncio.run(run(engine, a, b))
+    assert results[0] == (expected_output(6, 12), "length", None)
+    assert results[1] == (expected_output(3, 7), "length", None)
+    # The draft held exactly the committed log (minus the last token) at release.
+    for r in (a, b):
+        assert (
+            draft.released_logs[r.request_id]
+            == r.token_ids[: len(draft.released_logs[r.request_id])]
+        )
+        assert len(draft.released_logs[r.request_id]) >= r.num_tokens - 4
+        assert r.request_id in target.released
+    assert a.stats.num_drafts > 0
+    assert a.stats.num_accepted_tokens < a.stats.num_draft_tokens  # positions 9, 14 rejected
+    totals = SpecStats()
+    for r in (a, b):
+        totals.num_draft_tokens += r.stats.num_draft_tokens
+        totals.num_accepted_tokens += r.stats.num_accepted_tokens
+    assert engine.totals.num_draft_tokens == totals.num_draft_tokens
+    assert engine.totals.num_accepted_tokens == totals.num_accepted_tokens
+    assert engine.totals.accepted_per_position[0] >= engine.totals.accepted_per_position[-1]
+    assert engine.totals.mean_acceptance_length == pytest.approx(
+        1 + engine.totals.num_accepted_tokens / engine.totals.num_drafts
+    )
+
+
+def test_every_step_ingests_including_k0_steps():
+    draft, target = FakeDraft(), FakeTarget()
+    engine = make_engine(draft, target, speculative_config='{"num_speculative_tokens": 0}')
+    r = make_request("a", [1, 2, 3], max_tokens=5)
+    (result,) = asyncio.run(run(engine, r))
+    assert result == (expected_output(3, 5), "length", None)
+    assert r.stats.num_k0_steps == 4 and r.stats.num_drafts == 0
+    # Prefill and each of the 4 decode steps each carried an ingest plan.
+    assert [len(s.ingest) for s in draft.requests] == [1, 1, 1, 1, 1]
+    assert all(not s.propose for s in draft.requests)
+    assert draft.released_logs["a"] == r.token_ids[:-1]
+
+
+def test_draft_error_runs_k0_then_resyncs_the_whole_log():
+    draft, target = FakeDraft(), FakeTarget()
+    engine = make_engine(draft, target)
+    r = make_request("a", [1, 2, 3, 4], max_tokens=14)
+
+    async def scenario():
+        engine.start()
+        engine.add_request(r)
+        tokens = []
+        while len(tokens) < 5:  # prefill + a decode step
+            out = await asyncio.wait_for(r.outputs.get(), 5)
+            tokens += out.token_ids
+        draft.errors.append(rpc_error(grpc.StatusCode.UNAVAILABLE, "draft restarting"))
+        rest, reason, error = await collect(r)
+        await engine.stop()
+        return tokens + rest, reason, error
+
+    tokens, reason, error = asyncio.run(scenario())
+    assert (tokens, reason, error) == (expected_output(4, 14), "length", None)
+    failed = next(i for i, s in enumerate(draft.requests) if s is draft.failed_request)
+    # The verify after the failure had no proposals (K = 0) ...
+    k0_verify = next(v for v in target.requests if v.step_id == draft.failed_request.step_id)
+    assert [list(d.proposal_ids) for d in k0_verify.decode] == [[]]
+    assert r.stats.num_k0_steps == 1
+    # ... and the next draft call released and re-ingested the whole log from 0.
+    assert draft.releases[0] == ["a"]
+    resync = draft.requests[failed + 1]
+    assert resync.ingest[0].start_position == 0
+    assert resync.HasField("kv_scales") and resync.kv_scales.version == 7
+    assert draft.released_logs["a"] == r.token_ids[: len(draft.released_logs["a"])]
+
+
+def test_draft_deadline_miss_is_a_k0_step():
+    draft, target = FakeDraft(), FakeTarget()
+    engine = make_engine(draft, target, draft_timeout=0.05)
+
+    async def slow_step(request, timeout=None, metadata=None):
+        await asyncio.sleep(1)
+
+    calls = []
+    original = draft.Step
+
+    async def step(request, timeout=None, metadata=None):
+        calls.append(request)
+        if len(calls) == 2:
+            return await slow_step(request)
+        return await original(request)
+
+    draft.Step = step
+    r = make_request("a", [1, 2, 3], max_tokens=8)
+    (result,) = asyncio.run(run(engine, r))
+    assert result == (expected_output(3, 8), "length", None)
+    assert r.stats.num_k0_steps == 1
+    assert any(s.ingest and s.ingest[0].start_position == 0 for s in calls[2:3])
+
+
+def test_rebuild_every_step_reingests_from_zero_and_keeps_output():
+    draft, target = FakeDraft(), FakeTarget()
+    engine = make_engine(draft, target, draft_rebuild_every_step=True)
+    r = make_request("a", [1, 2, 3], max_tokens=9)
+    (result,) = asyncio.run(run(engine, r))
+    assert result == (expected_output(3, 9), "length", None)
+    assert all(s.ingest[0].start_position == 0 for s in draft.requests)
+    assert len(draft.releases) >= len(draft.requests)
+
+
+def test_eos_from_the_target_stops_the_request():
+    draft, target = FakeDraft(), FakeTarget()
+    target.override[6] = EOS
+    engine = make_engine(draft, target)
+    r = make_request("a", [1, 2, 3], max_tokens=20)
+    (result,) = asyncio.run(run(engine, r))
+    assert result == (expected_output(3, 3) + [EOS], "stop", None)
+
+
+def test_target_error_fails_that_steps_requests_with_its_code():
+    draft, target = FakeDraft(), FakeTarget()
+    target.errors.append(rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, "KV cache full"))
+    engine = make_engine(draft, target)
+
+    async def scenario():
+        engine.start()
+        a = make_request("a", [1, 2, 3], max_tokens=4)
+        engine.add_request(a)
+        first = await collect(a)
+        b = make_request("b", [1, 2, 3], max_tokens=4)
+        engine.add_request(b)
+        second = await collect(b)
+        await engine.stop()
+        return first, second
+
+    first, second = asyncio.run(scenario())
+    assert isinstance(first[2], ServiceError) and first[2].code == "RESOURCE_EXHAUSTED"
+    assert "KV cache full" in str(first[2])
+    assert "a" in target.released and any("a" in ids for ids in draft.releases)
+    assert second == (expected_output(3, 4), "length", None)
+
+
+def test_abort_releases_the_request_on_both_services():
+    draft, target = FakeDraft(), FakeTarget(delay=0.01)
+    engine = make_engine(draft, target)
+    r = make_request("a", [1, 2, 3], max_tokens=MAX_MODEL_LEN - 3, ignore_eos=True)
+
+    async def scenario():
+        engine.start()
+        engine.add_request(r)
+        await asyncio.wait_for(r.outputs.get(), 5)
+        engine.abort("a")
+        for _ in range(100):
+            if "a" in target.released and any("a" in ids for ids in draft.releases):
+                break
+            await asyncio.sleep(0.01)
+        await engine.stop()
+
+    asyncio.run(scenario())
+    assert "a" in target.released and any("a" in ids for ids in draft.releases)
+    assert "a" not in target.held and "a" not in draft.logs
+    assert engine.num_unfinished == 0
+
+
+def test_metrics_count_what_the_stats_count():
+    from coordinator.metrics import create_metrics
+
+    draft, target = FakeDraft(wrong_positions=frozenset({7})), FakeTarget()
+    engine = make_engine(draft, target)
+    engine.metrics = create_metrics()
+    r = make_request("a", [1, 2, 3], max_tokens=10)
+    asyncio.run(run(engine, r))
+    sample = engine.metrics.registry.get_sample_value
+    assert sample("spec_decode_num_drafts_total") == engine.totals.num_drafts > 0
+    assert sample("spec_decode_num_draft_tokens_total") == engine.totals.num_draft_tokens
+    assert sample("spec_decode_num_accepted_tokens_total") == engine.totals.num_accepted_tokens
+    assert [
+        sample("spec_decode_num_accepted_tokens_per_pos_total", {"position": str(i)}) or 0
+        for i in range(len(engine.totals.accepted_per_position))
+    ] == engine.totals.accepted_per_position
+    assert sample("request_success_total", {"finished_reason": "length"}) == 1
+
+
+def test_step_spans_carry_k_accepted_batch_size_and_propagate_context():
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    if trace.get_tracer_provider() is not provider:
+        pytest.skip("another test installed a tracer provider first")
+    draft, target = FakeDraft(), FakeTarget()
+    engine = make_engine(draft, target)
+    asyncio.run(run(engine, make_request("a", [1, 2, 3], max_tokens=6)))
+    steps = [s for s in exporter.get_finished_spans() if s.name == "specdec.step"]
+    assert steps and all({"specdec.k", "specdec.batch_size"} <= set(s.attributes) for s in steps)
+    assert any(s.attributes.get("specdec.accepted", 0) > 0 for s in steps)
+    trace_ids = {format(s.context.trace_id, "032x") for s in steps}
+    assert all(md.get("traceparent", "").split("-")[1] in trace_ids for md in target.metadata)

@@ -1,0 +1,161 @@
+"""The public API over real gRPC on loopback, with fake draft/target servers in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+import pytest
+from coordinator_fakes import (
+    DraftServicer,
+    FakeDraft,
+    FakeTarget,
+    TargetServicer,
+    model_info,
+    next_token,
+)
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from coordinator.config import CoordinatorConfig
+from coordinator.server import create_server
+from protos.specdec.v1 import (
+    common_pb2,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
+    draft_pb2_grpc,
+    target_pb2_grpc,
+)
+
+
+@contextlib.asynccontextmanager
+async def stack(draft: FakeDraft, target: FakeTarget, **config):
+    services = grpc.aio.server()
+    draft_pb2_grpc.add_DraftServiceServicer_to_server(DraftServicer(draft), services)
+    target_pb2_grpc.add_TargetServiceServicer_to_server(TargetServicer(target), services)
+    draft_port = services.add_insecure_port("127.0.0.1:0")
+    # One server can serve both services; give the target its own port anyway.
+    target_port = services.add_insecure_port("127.0.0.1:0")
+    await services.start()
+    config = CoordinatorConfig(
+        port=0,
+        draft=f"127.0.0.1:{draft_port}",
+        target=f"127.0.0.1:{target_port}",
+        connect_timeout=5.0,
+        **config,
+    )
+    try:
+        server, port = await create_server(config)
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        try:
+            yield coordinator_pb2_grpc.CoordinatorStub(channel), channel
+        finally:
+            await channel.close()
+            await server.stop(0)
+    finally:
+        await services.stop(0)
+
+
+def byte_tokenizer_file(tmp_path) -> str:
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(sorted(alphabet))}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    return str(tmp_path)
+
+
+def test_generate_streams_deltas_text_and_final_stats(tmp_path):
+    draft, target = FakeDraft(wrong_positions=frozenset({10})), FakeTarget()
+
+    async def scenario():
+        async with stack(draft, target, tokenizer=byte_tokenizer_file(tmp_path)) as (stub, ch):
+            health = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest())
+            request = coordinator_pb2.GenerateRequest(request_id="r1", text="abc", max_tokens=10)
+            messages = [m async for m in stub.Generate(request)]
+            totals = await stub.GetStats(coordinator_pb2.StatsRequest())
+            return health, messages, totals
+
+    health, messages, totals = asyncio.run(scenario())
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+    tokens = [t for m in messages for t in m.token_ids]
+    assert tokens == [next_token(n) for n in range(3, 13)]
+    assert all(m.request_id == "r1" and m.num_prompt_tokens == 3 for m in messages)
+    last = messages[-1]
+    assert last.finish_reason == "length" and all(not m.finish_reason for m in messages[:-1])
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert "".join(m.text for m in messages) == tok.decode(tokens)
+    assert last.stats.num_drafts > 0 and last.stats.num_ingest_plans > 0
+    assert last.stats.num_accepted_tokens < last.stats.num_draft_tokens
+    assert totals.num_draft_tokens == last.stats.num_draft_tokens
+    assert totals.num_accepted_tokens == last.stats.num_accepted_tokens
+
+
+@pytest.mark.parametrize(
+    ("request_kwargs", "detail"),
+    [
+        ({"token_ids": coordinator_pb2.TokenIds(ids=[1, 500])}, "out of range"),
+        ({"text": "hello"}, "tokenizer"),
+        (
+            {
+                "token_ids": coordinator_pb2.TokenIds(ids=[1]),
+                "sampling": common_pb2.SamplingParams(temperature=-1),
+            },
+            "temperature",
+        ),
+    ],
+)
+def test_bad_input_is_invalid_argument(request_kwargs, detail):
+    async def scenario():
+        async with stack(FakeDraft(), FakeTarget()) as (stub, _):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                async for _ in stub.Generate(coordinator_pb2.GenerateRequest(**request_kwargs)):
+                    pass
+            return info.value
+
+    error = asyncio.run(scenario())
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert detail in error.details()
+
+
+def test_client_cancel_releases_kv_on_both_services():
+    draft, target = FakeDraft(), FakeTarget(delay=0.02)
+
+    async def scenario():
+        async with stack(draft, target) as (stub, _):
+            call = stub.Generate(
+                coordinator_pb2.GenerateRequest(
+                    request_id="c1",
+                    token_ids=coordinator_pb2.TokenIds(ids=[1, 2, 3]),
+                    ignore_eos=True,
+                )
+            )
+            await call.read()
+            call.cancel()
+            for _ in range(200):
+                if "c1" in target.released and any("c1" in ids for ids in draft.releases):
+                    break
+                await asyncio.sleep(0.01)
+
+    asyncio.run(scenario())
+    assert "c1" in target.released and any("c1" in ids for ids in draft.releases)
+    assert "c1" not in target.held and "c1" not in draft.logs
+
+
+def test_vocab_mismatch_between_draft_and_target_is_a_startup_error():
+    draft = FakeDraft()
+
+    async def other_vocab(request, timeout=None, metadata=None, wait_for_ready=None):
+        info = model_info()
+        info.vocab_size = 101
+        return info
+
+    draft.GetInfo = other_vocab
+
+    async def scenario():
+        async with stack(draft, FakeTarget()):
+            pass
+
+    with pytest.raises(RuntimeError, match="vocab size"):
+        asyncio.run(scenario())

@@ -1,0 +1,62 @@
+"""Helpers for service tests: a server on its own event-loop thread, reference decoding."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+import grpc
+import pytest
+
+from runtime.model_runner import ModelRunner
+from runtime.sequence import SequenceChunk
+from runtime.serving import GRPC_OPTIONS, ServiceConfig
+
+NUM_PAGES = 64
+PAGE_SIZE = 4  # small pages, so sequences cross page boundaries
+
+
+class ServerThread:
+    """An aio server built by ``create_server`` and served from a background event loop."""
+
+    def __init__(self, create_server: Callable, config: ServiceConfig, runner: ModelRunner):
+        self.runner = runner
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._server, self.port = self._await(create_server(config, runner))
+        self._await(self._server.start())
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}", options=GRPC_OPTIONS)
+
+    def _await(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
+
+    def close(self) -> None:
+        self.channel.close()
+        self._await(self._server.stop(None))
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+
+def greedy_decode(runner: ModelRunner, prompt: list[int], num_tokens: int) -> list[int]:
+    """Plain greedy decoding, one token per forward, in a sequence of its own."""
+    seq = f"reference-{id(prompt)}-{len(prompt)}"
+    runner.open(seq)
+    try:
+        out: list[int] = []
+        feed = prompt
+        for _ in range(num_tokens):
+            logits = runner.extend([SequenceChunk(seq, feed)])[0]
+            out.append(int(logits[-1].argmax()))
+            feed = [out[-1]]
+        return out
+    finally:
+        runner.release(seq)
+
+
+def status_of(call: Callable[[], object]) -> grpc.RpcError:
+    """The RpcError a call raises (fails the test if it succeeds)."""
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value

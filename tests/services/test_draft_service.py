@@ -1,0 +1,243 @@
+"""DraftService over real gRPC: ingest, propose, re-sync rules, KV-scale versions."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+from service_testing import NUM_PAGES, greedy_decode, status_of
+
+from draft_service.server import create_server
+from protos.specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+
+PROMPT = [17, 203, 5, 88, 140, 61, 9, 230, 44, 101, 12]
+OTHER = [3, 250, 77, 18, 96]
+VOCAB = 256
+
+
+@pytest.fixture
+def draft(start_server):
+    server = start_server(create_server)
+    return server, draft_pb2_grpc.DraftServiceStub(server.channel)
+
+
+def ingest(rid: str, start: int, tokens: list[int]) -> draft_pb2.IngestPlan:
+    return draft_pb2.IngestPlan(request_id=rid, start_position=start, token_ids=tokens)
+
+
+def propose(rid: str, k: int, **sampling) -> draft_pb2.ProposeEntry:
+    params = common_pb2.SamplingParams(**sampling)
+    return draft_pb2.ProposeEntry(request_id=rid, num_tokens=k, sampling=params)
+
+
+def step(stub, ingest_plans=(), proposals=(), **kw) -> draft_pb2.DraftStepResponse:
+    request = draft_pb2.DraftStepRequest(ingest=ingest_plans, propose=proposals, **kw)
+    return stub.Step(request)
+
+
+def cached(response) -> dict[str, int]:
+    return {c.request_id: c.num_cached_tokens for c in response.cached}
+
+
+def test_ingest_then_propose_returns_greedy_continuation(draft, make_runner):
+    server, stub = draft
+    response = step(stub, [ingest("r1", 0, PROMPT)], [propose("r1", 4)])
+    (proposal,) = response.proposals
+    assert proposal.request_id == "r1"
+    assert list(proposal.token_ids) == greedy_decode(make_runner(), PROMPT, 4)
+    assert proposal.draft_probs == b""
+    assert cached(response) == {"r1": len(PROMPT)}
+    # The draft fed itself K - 1 proposals; the last one needs no KV yet.
+    assert server.runner.seq_len("r1") == len(PROMPT) + 3
+
+
+def test_k0_step_only_ingests_committed_tokens(draft):
+    server, stub = draft
+    response = step(stub, [ingest("r1", 0, PROMPT[:6])])
+    assert list(response.proposals) == []
+    assert cached(response) == {"r1": 6}
+    response = step(stub, [ingest("r1", 6, PROMPT[6:])])
+    assert cached(response) == {"r1": len(PROMPT)}
+    assert server.runner.seq_len("r1") == len(PROMPT)
+    info = stub.GetInfo(common_pb2.InfoRequest())
+    assert (info.num_steps, info.num_ingest_plans, info.num_ingested_tokens) == (2, 2, 11)
+    assert info.num_sequences == 1
+
+
+def test_wrong_start_position_is_failed_precondition_and_leaves_other_requests(draft, make_runner):
+    server, stub = draft
+    step(stub, [ingest("r1", 0, PROMPT), ingest("r2", 0, OTHER)])
+    free = server.runner.num_free_pages
+    error = status_of(
+        lambda: step(
+            stub,
+            [ingest("r2", len(OTHER), [40, 41]), ingest("r1", 14, [7])],
+            [propose("r2", 2)],
+        )
+    )
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "request r1" in error.details()
+    assert "starts at 14" in error.details() and f"holds {len(PROMPT)}" in error.details()
+    # Nothing of the refused step happened, r2's valid plan included.
+    assert server.runner.seq_len("r2") == len(OTHER)
+    assert server.runner.num_free_pages == free
+    response = step(stub, [], [propose("r2", 3), propose("r1", 2)])
+    tokens = {p.request_id: list(p.token_ids) for p in response.proposals}
+    reference = make_runner()
+    assert tokens == {
+        "r2": greedy_decode(reference, OTHER, 3),
+        "r1": greedy_decode(reference, PROMPT, 2),
+    }
+    assert cached(response) == {"r2": len(OTHER), "r1": len(PROMPT)}
+
+
+def test_propose_for_unknown_request_is_not_found(draft):
+    _, stub = draft
+    error = status_of(lambda: step(stub, [], [propose("ghost", 3)]))
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    assert "ghost" in error.details()
+
+
+@pytest.mark.parametrize(
+    ("plans", "proposals", "needle"),
+    [
+        ([ingest("r1", 0, [5, VOCAB])], [], "token id 256"),
+        ([ingest("r1", 0, [5, 6])], [propose("r1", 0)], "num_tokens must be > 0"),
+        ([ingest("", 0, [5, 6])], [], "request_id must not be empty"),
+        ([ingest("r1", 0, [5] * 510)], [propose("r1", 3)], "max_model_len=512"),
+    ],
+)
+def test_bad_input_is_invalid_argument(draft, plans, proposals, needle):
+    server, stub = draft
+    error = status_of(lambda: step(stub, plans, proposals))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert needle in error.details()
+    assert not server.runner.has("r1")
+
+
+def test_partly_accepted_proposals_keep_matching_prefix_and_equal_a_rebuilt_draft(
+    draft, start_server
+):
+    server, stub = draft
+    first = list(step(stub, [ingest("r1", 0, PROMPT)], [propose("r1", 4)]).proposals[0].token_ids)
+    # The target accepted two proposals and answered with a token of its own.
+    bonus = (first[2] + 1) % VOCAB
+    committed = PROMPT + first[:2] + [bonus]
+    fed: list[list[int]] = []
+    extend = server.runner.extend
+    server.runner.extend = lambda chunks: fed.append([list(c.token_ids) for c in chunks]) or (
+        extend(chunks)
+    )
+    response = step(stub, [ingest("r1", len(PROMPT), first[:2] + [bonus])])
+    assert cached(response) == {"r1": len(committed)}
+    assert server.runner.seq_len("r1") == len(committed)
+    assert fed == [[[bonus]]]  # the two accepted proposals' KV was kept, not recomputed
+    incremental = list(step(stub, [], [propose("r1", 4)]).proposals[0].token_ids)
+
+    rebuilt = start_server(create_server)
+    rebuilt_stub = draft_pb2_grpc.DraftServiceStub(rebuilt.channel)
+    response = step(rebuilt_stub, [ingest("r1", 0, committed)], [propose("r1", 4)])
+    assert list(response.proposals[0].token_ids) == incremental
+
+
+def test_all_accepted_proposals_then_bonus_feed_only_the_last_two(draft, make_runner):
+    server, stub = draft
+    first = list(step(stub, [ingest("r1", 0, PROMPT)], [propose("r1", 3)]).proposals[0].token_ids)
+    committed = PROMPT + first + [99]
+    response = step(stub, [ingest("r1", len(PROMPT), first + [99])], [propose("r1", 2)])
+    assert cached(response) == {"r1": len(committed)}
+    assert list(response.proposals[0].token_ids) == greedy_decode(make_runner(), committed, 2)
+
+
+def kv_table(version: int, scale: float) -> common_pb2.KVScaleTable:
+    return common_pb2.KVScaleTable(
+        version=version, dtype="fp8", k_scale=[scale] * 2, v_scale=[scale] * 2
+    )
+
+
+def test_kv_scales_version_mismatch_is_failed_precondition(draft):
+    server, stub = draft
+    step(stub, [ingest("r1", 0, PROMPT)], kv_scales_version=1, kv_scales=kv_table(1, 1.0))
+    error = status_of(
+        lambda: step(
+            stub,
+            [ingest("r1", len(PROMPT), [4]), ingest("r2", 0, OTHER)],
+            kv_scales_version=2,
+            kv_scales=kv_table(2, 0.5),
+        )
+    )
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "request r1" in error.details()
+    assert "version 1" in error.details() and "version 2" in error.details()
+    assert not server.runner.has("r2")
+    # A version the draft has no table for.
+    error = status_of(lambda: step(stub, [ingest("r2", 0, OTHER)], kv_scales_version=3))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "version 3" in error.details()
+    # The coordinator's answer: release, re-ingest from 0 under the new table.
+    stub.Release(common_pb2.ReleaseRequest(request_ids=["r1"]))
+    response = step(
+        stub, [ingest("r1", 0, PROMPT)], kv_scales_version=2, kv_scales=kv_table(2, 0.5)
+    )
+    assert cached(response) == {"r1": len(PROMPT)}
+    info = stub.GetInfo(common_pb2.InfoRequest())
+    assert info.kv_scales.version == 2
+    assert list(info.kv_scales.k_scale) == [0.5, 0.5]
+
+
+def test_sampled_proposals_are_reproducible_with_a_seed_and_carry_probs(draft):
+    _, stub = draft
+    k = 5
+    sampling = dict(temperature=1.5, top_p=0.95, seed=1234)
+    response = step(
+        stub,
+        [ingest("a", 0, PROMPT), ingest("b", 0, PROMPT), ingest("c", 0, PROMPT)],
+        [propose("a", k, **sampling), propose("b", k, **sampling), propose("c", k, **sampling)],
+    )
+    a, b, c = response.proposals
+    probs = np.frombuffer(a.draft_probs, dtype="<f4").reshape(k, VOCAB)
+    assert len(a.draft_probs) == k * VOCAB * 4
+    assert list(a.token_ids) == list(b.token_ids) == list(c.token_ids)
+    assert a.draft_probs == b.draft_probs
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
+    assert all(probs[i, t] > 0 for i, t in enumerate(a.token_ids))
+    assert (probs == 0).any()  # top_p removed the tail
+
+
+def test_out_of_pages_is_resource_exhausted_and_changes_nothing(draft):
+    server, stub = draft
+    step(stub, [ingest("r1", 0, PROMPT)])
+    free = server.runner.num_free_pages
+    long_prompt = list(range(3, 3 + 4 * NUM_PAGES))[: 4 * (NUM_PAGES - 2)]
+    error = status_of(lambda: step(stub, [ingest("r2", 0, long_prompt)], [propose("r1", 4)]))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert server.runner.num_free_pages == free
+    assert not server.runner.has("r2")
+    assert server.runner.seq_len("r1") == len(PROMPT)
+
+
+def test_release_is_idempotent_and_get_info_reports_the_model(draft):
+    server, stub = draft
+    step(stub, [ingest("r1", 0, PROMPT)])
+    released = stub.Release(common_pb2.ReleaseRequest(request_ids=["r1", "r1", "nope"]))
+    assert released.num_released == 1
+    assert released.num_free_pages == NUM_PAGES
+    assert stub.Release(common_pb2.ReleaseRequest(request_ids=["r1"])).num_released == 0
+    info = stub.GetInfo(common_pb2.InfoRequest())
+    assert (info.vocab_size, info.max_model_len, info.num_layers) == (VOCAB, 512, 2)
+    assert (info.kv_cache_dtype, info.page_size, info.num_total_pages) == ("fp8", 4, NUM_PAGES)
+    assert list(info.eos_token_ids) == [2]
+    assert info.num_sequences == 0
+
+
+def test_a_changed_table_under_a_used_version_is_refused_but_replaces_an_unused_one(draft):
+    server, stub = draft
+    # No pages written yet: a pinned table (e.g. from the coordinator's file) replaces v1.
+    step(stub, [ingest("r1", 0, PROMPT)], kv_scales_version=1, kv_scales=kv_table(1, 0.25))
+    assert server.runner.kv_scales.k_scale == (0.25, 0.25)
+    error = status_of(
+        lambda: step(stub, [ingest("r2", 0, OTHER)], kv_scales_version=1, kv_scales=kv_table(1, 2))
+    )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "request r1" in error.details() and "new version" in error.details()
+    assert server.runner.kv_scales.k_scale == (0.25, 0.25)

@@ -1,0 +1,178 @@
+"""TargetService over real gRPC: chunked prefill, verify, dropped KV, errors, health."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from service_testing import greedy_decode, status_of
+
+from protos.specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
+from target_service.server import create_server
+
+PROMPT = [17, 203, 5, 88, 140, 61, 9, 230, 44, 101, 12, 7, 150, 33, 64, 2, 91, 180, 55, 23]
+VOCAB = 256
+
+
+@pytest.fixture
+def target(start_server):
+    server = start_server(create_server)
+    return server, target_pb2_grpc.TargetServiceStub(server.channel)
+
+
+def chunk(rid, start, tokens, is_last=False, **sampling) -> target_pb2.PrefillChunk:
+    params = common_pb2.SamplingParams(**sampling)
+    return target_pb2.PrefillChunk(
+        request_id=rid, start_position=start, token_ids=tokens, is_last=is_last, sampling=params
+    )
+
+
+def entry(rid, start, last, proposals, draft_probs=b"", **sampling) -> target_pb2.VerifyEntry:
+    return target_pb2.VerifyEntry(
+        request_id=rid,
+        start_position=start,
+        last_token_id=last,
+        proposal_ids=proposals,
+        draft_probs=draft_probs,
+        sampling=common_pb2.SamplingParams(**sampling),
+    )
+
+
+def verify(stub, prefill=(), decode=()) -> list[target_pb2.VerifyResult]:
+    return list(stub.Verify(target_pb2.VerifyRequest(prefill=prefill, decode=decode)).results)
+
+
+def prefill(stub, rid: str, tokens: list[int], chunk_size: int = 8) -> int:
+    """Chunked prefill; returns the first generated token."""
+    for start in range(0, len(tokens), chunk_size):
+        piece = tokens[start : start + chunk_size]
+        is_last = start + chunk_size >= len(tokens)
+        (result,) = verify(stub, [chunk(rid, start, piece, is_last)])
+        assert result.num_cached_tokens == start + len(piece)
+        assert len(result.token_ids) == int(is_last)
+    return result.token_ids[0]
+
+
+def test_chunked_prefill_and_greedy_verify_equal_plain_greedy_decoding(target, make_runner):
+    server, stub = target
+    expected = greedy_decode(make_runner(), PROMPT, 16)
+    out = [prefill(stub, "r1", PROMPT)]
+    # Proposals that are right for the first `good` positions, then wrong.
+    for good, k in [(0, 3), (2, 4), (4, 4), (1, 2), (3, 3)]:
+        start = len(PROMPT) + len(out) - 1
+        truth = expected[len(out) : len(out) + k]
+        proposals = truth[:good] + [(t + 1) % VOCAB for t in truth[good:]]
+        (result,) = verify(stub, [], [entry("r1", start, out[-1], proposals)])
+        assert result.num_accepted == min(good, k)
+        assert result.num_cached_tokens == start + 1 + result.num_accepted
+        assert server.runner.seq_len("r1") == result.num_cached_tokens
+        out += list(result.token_ids)
+    assert out == expected[: len(out)]
+    assert len(out) == 1 + (1 + 3 + 5 + 2 + 4)
+
+
+def test_prefill_and_verify_run_in_one_step_for_different_requests(target, make_runner):
+    server, stub = target
+    first = prefill(stub, "old", PROMPT[:9])
+    reference = make_runner()
+    expected_old = greedy_decode(reference, PROMPT[:9], 3)
+    results = verify(
+        stub,
+        [chunk("new", 0, PROMPT[9:], is_last=True)],
+        [entry("old", 9, first, expected_old[1:3])],
+    )
+    assert [r.request_id for r in results] == ["new", "old"]
+    assert list(results[0].token_ids) == greedy_decode(reference, PROMPT[9:], 1)
+    assert (results[1].num_accepted, results[1].num_cached_tokens) == (2, 12)
+    assert results[1].token_ids[:2] == expected_old[1:3]
+
+
+@pytest.mark.parametrize("where", ["prefill", "decode"])
+def test_out_of_sync_start_position_is_failed_precondition(target, where):
+    server, stub = target
+    first = prefill(stub, "r1", PROMPT)
+    if where == "prefill":
+        request = ([chunk("r1", 3, [5], is_last=True)], [])
+    else:
+        request = ([], [entry("r1", len(PROMPT) + 2, first, [4, 5])])
+    error = status_of(lambda: verify(stub, *request))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "request r1" in error.details()
+    assert f"holds {len(PROMPT)}" in error.details()
+    assert server.runner.seq_len("r1") == len(PROMPT)
+
+
+def test_bad_token_id_is_invalid_argument_and_changes_nothing(target):
+    server, stub = target
+    first = prefill(stub, "r1", PROMPT)
+    error = status_of(
+        lambda: verify(
+            stub,
+            [chunk("r2", 0, [1, 2, 3], is_last=True)],
+            [entry("r1", len(PROMPT), first, [4, VOCAB + 7])],
+        )
+    )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "263" in error.details() and "vocab size 256" in error.details()
+    assert not server.runner.has("r2")
+    assert server.runner.seq_len("r1") == len(PROMPT)
+
+
+def test_verify_for_unknown_request_is_not_found(target):
+    _, stub = target
+    error = status_of(lambda: verify(stub, [], [entry("ghost", 0, 5, [1])]))
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_sampled_verify_needs_k_by_vocab_draft_probs(target):
+    _, stub = target
+    first = prefill(stub, "r1", PROMPT)
+    error = status_of(
+        lambda: verify(
+            stub, [], [entry("r1", len(PROMPT), first, [4, 5], b"\0" * 12, temperature=1.0)]
+        )
+    )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "2 x 256" in error.details()
+
+
+def test_sampled_verify_is_reproducible_with_a_seed(target):
+    server, stub = target
+    q = np.full((3, VOCAB), 1.0 / VOCAB, dtype="<f4").tobytes()
+    outputs = []
+    for rid in ("a", "b"):
+        (first,) = verify(stub, [chunk(rid, 0, PROMPT, True, temperature=0.9, seed=7)])
+        (result,) = verify(
+            stub, [], [entry(rid, len(PROMPT), first.token_ids[0], [4, 5, 6], q, temperature=0.9)]
+        )
+        assert result.num_cached_tokens == len(PROMPT) + 1 + result.num_accepted
+        assert server.runner.seq_len(rid) == result.num_cached_tokens
+        outputs.append((list(first.token_ids), list(result.token_ids), result.num_accepted))
+    assert outputs[0] == outputs[1]
+
+
+def test_out_of_pages_is_resource_exhausted_and_opens_nothing(target):
+    server, stub = target
+    prefill(stub, "r1", PROMPT)
+    free = server.runner.num_free_pages
+    error = status_of(lambda: verify(stub, [chunk("big", 0, [3] * (4 * free + 1), True)]))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert not server.runner.has("big")
+    assert server.runner.num_free_pages == free
+
+
+def test_health_is_serving_and_reflection_lists_the_services(target):
+    server, stub = target
+    health = health_pb2_grpc.HealthStub(server.channel)
+    for service in ("", "specdec.v1.TargetService"):
+        response = health.Check(health_pb2.HealthCheckRequest(service=service))
+        assert response.status == health_pb2.HealthCheckResponse.SERVING
+    reflection = reflection_pb2_grpc.ServerReflectionStub(server.channel)
+    request = reflection_pb2.ServerReflectionRequest(list_services="")
+    (response,) = list(reflection.ServerReflectionInfo(iter([request])))
+    names = {s.name for s in response.list_services_response.service}
+    assert {"specdec.v1.TargetService", "grpc.health.v1.Health"} <= names
+    info = stub.GetInfo(common_pb2.InfoRequest())
+    assert (info.kv_cache_dtype, info.kv_scales.version, info.kv_scales.dtype) == ("fp8", 1, "fp8")
