@@ -1,0 +1,128 @@
+"""Build a ``CausalLM`` from a local Hugging Face folder: the one place names are mapped."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from runtime.model import CausalLM, PackedLinear
+from runtime.model_config import ModelConfig
+
+# checkpoint module name -> (packed module name, shard id)
+PACKED_MODULES_MAPPING: dict[str, tuple[str, str]] = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", "gate"),
+    "up_proj": ("gate_up_proj", "up"),
+}
+# Per-layer FP8 KV scales, named as vLLM reads them.
+KV_SCALE_PATTERN = re.compile(r"^model\.layers\.(\d+)\.self_attn\.([kv])_scale$")
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def iterate_checkpoint(folder: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor in the folder's ``*.safetensors`` files, in file order."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {str(folder)!r}")
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                yield name, f.get_tensor(name)
+
+
+def build_model(
+    config: ModelConfig, max_positions: int, dtype: torch.dtype, device: str | torch.device
+) -> CausalLM:
+    """An uninitialised model (weights are garbage until ``load_weights``)."""
+    with torch.device("meta"):
+        model = CausalLM(config, max_positions)
+    model = model.to_empty(device=device).to(dtype)
+    if config.tie_word_embeddings:  # to_empty breaks the tie; restore it
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.model.rotary_emb.init_buffers(device)
+    return model
+
+
+def load_weights(
+    model: CausalLM, weights: Iterator[tuple[str, torch.Tensor]]
+) -> dict[tuple[int, str], float]:
+    """Copy checkpoint tensors into ``model``; return its KV scales ``{(layer, "k"|"v"): s}``.
+
+    Raises ``ValueError`` for an unknown tensor, a shape mismatch, or a parameter the
+    checkpoint leaves unset (``lm_head`` may be absent when embeddings are tied).
+    """
+    params = dict(model.named_parameters())
+    modules = dict(model.named_modules())
+    loaded: set[str] = set()
+    kv_scales: dict[tuple[int, str], float] = {}
+    tied = model.config.tie_word_embeddings
+    for name, tensor in weights:
+        if match := KV_SCALE_PATTERN.match(name):
+            kv_scales[(int(match[1]), match[2])] = float(tensor.float().reshape(-1)[0])
+            continue
+        if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+            continue
+        module_name, _, param_name = name.rpartition(".")
+        parent, _, leaf = module_name.rpartition(".")
+        if leaf in PACKED_MODULES_MAPPING:
+            packed_leaf, shard_id = PACKED_MODULES_MAPPING[leaf]
+            packed_name = f"{parent}.{packed_leaf}"
+            module = modules.get(packed_name)
+            target = f"{packed_name}.{param_name}"
+            if not isinstance(module, PackedLinear) or target not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no parameter to load into")
+            module.load_shard(params[target], tensor, shard_id)
+            loaded.add(f"{target}:{shard_id}")
+            continue
+        if name not in params:
+            raise ValueError(f"checkpoint tensor {name!r} has no parameter to load into")
+        if params[name].shape != tensor.shape:
+            raise ValueError(
+                f"{name}: expected {tuple(params[name].shape)}, got {tuple(tensor.shape)}"
+            )
+        params[name].data.copy_(tensor)
+        loaded.add(name)
+    missing = [n for n in _expected_names(model) if n not in loaded]
+    if missing:
+        raise ValueError(f"checkpoint does not set {len(missing)} parameters, e.g. {missing[:5]}")
+    model.finalize()
+    return kv_scales
+
+
+def _expected_names(model: CausalLM) -> Iterator[str]:
+    tied = model.config.tie_word_embeddings
+    for module_name, module in model.named_modules():
+        for param_name, _ in module.named_parameters(recurse=False):
+            full = f"{module_name}.{param_name}" if module_name else param_name
+            if tied and full == "lm_head.weight":
+                continue
+            if isinstance(module, PackedLinear):
+                yield from (f"{full}:{shard}" for shard in module.shards)
+            else:
+                yield full
+
+
+def load_model(
+    path: str | Path,
+    config: ModelConfig,
+    max_positions: int,
+    dtype: torch.dtype,
+    device: str | torch.device,
+) -> tuple[CausalLM, dict[tuple[int, str], float]]:
+    """Build and load the model in ``path``; returns it (eval mode) and its KV scales."""
+    model = build_model(config, max_positions, dtype, device)
+    kv_scales = load_weights(model, iterate_checkpoint(path))
+    return model.eval(), kv_scales
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer saved beside the checkpoint (offline)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)

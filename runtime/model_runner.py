@@ -1,0 +1,247 @@
+"""``ModelRunner``: the one API both services drive (open / extend / truncate / release).
+
+Not thread-safe: one caller at a time (the services run it on one worker thread).
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernels.attention import build_attention_metadata, create_attention_backend
+from kernels.fp8 import is_fp8
+from kernels.paged_kv_cache import PagedKVCache
+from runtime.config import RuntimeConfig
+from runtime.context import PagedContext
+from runtime.kv_scales import KVScalesMismatchError, KVScaleTable
+from runtime.loader import load_model
+from runtime.sequence import SequenceChunk
+
+
+class ModelRunner:
+    """A model plus its paged KV cache, driven one ragged step (``extend``) at a time.
+
+    Invariants: every open sequence's cached length equals the number of tokens extended
+    into it (minus truncations); a failing ``extend`` changes no sequence.
+    """
+
+    def __init__(self, config: RuntimeConfig) -> None:
+        self.config = config
+        mc = config.model_config
+        self.model_config = mc
+        self.device = torch.device(config.device)
+        self.kv_torch_dtype = config.kv_torch_dtype
+        self.model, found_scales = load_model(
+            config.model,
+            mc,
+            config.resolved_max_model_len,
+            config.torch_dtype,
+            self.device,
+        )
+        self.cache = PagedKVCache(
+            num_layers=mc.num_layers,
+            num_pages=config.resolved_num_pages,
+            page_size=config.page_size,
+            num_kv_heads=mc.num_kv_heads,
+            head_dim=mc.head_dim,
+            dtype=self.kv_torch_dtype,
+            device=self.device,
+        )
+        self.backend = create_attention_backend(config.attention_backend, self.device)
+        self._sm_scale = mc.head_dim**-0.5
+        self._seq_tables: dict[str, KVScaleTable] = {}
+        if config.kv_scales_path:
+            table = KVScaleTable.load(config.kv_scales_path)
+        else:
+            table = KVScaleTable.from_checkpoint(found_scales, mc.num_layers, config.kv_cache_dtype)
+        self.set_kv_scales(table or KVScaleTable.ones(mc.num_layers, config.kv_cache_dtype))
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **config_overrides: Any) -> ModelRunner:
+        """``ModelRunner(RuntimeConfig(model=path, **config_overrides))``."""
+        return cls(RuntimeConfig(model=str(path), **config_overrides))
+
+    # ---- facts ---------------------------------------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        return Path(self.config.model).resolve().name
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.resolved_max_model_len
+
+    @property
+    def num_layers(self) -> int:
+        return self.model_config.num_layers
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.model_config.eos_token_ids
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        return self.config.kv_cache_dtype
+
+    @property
+    def num_free_pages(self) -> int:
+        return self.cache.num_free_pages
+
+    # ---- KV scales -------------------------------------------------------------------------
+
+    @property
+    def kv_scales(self) -> KVScaleTable:
+        return self._kv_scales
+
+    def set_kv_scales(self, table: KVScaleTable) -> None:
+        """Replace the KV-scale table.
+
+        ValueError if it has the wrong number of layers or a different KV dtype. On an
+        FP8 cache, sequences holding tokens written under the old table are refused by
+        ``extend`` (``KVScalesMismatchError``) until released.
+        """
+        if table.num_layers != self.num_layers:
+            raise ValueError(
+                f"KV-scale table has {table.num_layers} layers, the model has {self.num_layers}"
+            )
+        from kernels.fp8 import resolve_kv_cache_dtype
+
+        if resolve_kv_cache_dtype(table.dtype, self.config.torch_dtype) != self.kv_torch_dtype:
+            raise ValueError(
+                f"KV-scale table is for kv_cache_dtype {table.dtype!r}, "
+                f"this runner uses {self.kv_cache_dtype!r}"
+            )
+        self._kv_scales = table
+        if is_fp8(self.kv_torch_dtype):
+            self._step_scales = (table.k_scale, table.v_scale)
+        else:  # non-FP8 caches ignore scales; keep the attention math exact
+            self._step_scales = ((1.0,) * self.num_layers, (1.0,) * self.num_layers)
+
+    # ---- sequences -------------------------------------------------------------------------
+
+    def open(self, seq_id: str) -> None:
+        """Start an empty sequence. ValueError if it is already open."""
+        self.cache.open(seq_id)
+        self._seq_tables[seq_id] = self._kv_scales
+
+    def has(self, seq_id: str) -> bool:
+        return self.cache.has(seq_id)
+
+    def seq_len(self, seq_id: str) -> int:
+        """Tokens cached for the sequence. KeyError if it is not open."""
+        return self.cache.seq_len(seq_id)
+
+    def truncate(self, seq_id: str, length: int) -> None:
+        """Drop the sequence's tokens past ``length`` (e.g. rejected proposals)."""
+        self.cache.truncate(seq_id, length)
+
+    def release(self, seq_id: str) -> None:
+        """Close the sequence and free its pages. KeyError if it is not open."""
+        self.cache.free(seq_id)
+        del self._seq_tables[seq_id]
+
+    # ---- the step --------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def extend(self, chunks: list[SequenceChunk]) -> list[torch.Tensor]:
+        """Append every chunk's tokens to its sequence in one forward; return its logits.
+
+        Returns, per chunk in order, float32 logits ``[chunk.num_logits, vocab]`` for the
+        chunk's last ``num_logits`` tokens. All-or-nothing: on any error no sequence
+        changes. Raises KeyError (sequence not open), ValueError (sequence twice in one
+        call, or past ``max_model_len``), ``OutOfPagesError`` (cache full),
+        ``KVScalesMismatchError`` (sequence written under an older KV-scale table).
+        """
+        self._validate(chunks)
+        active = [c for c in chunks if c.token_ids]
+        seq_ids = [c.seq_id for c in active]
+        query_lens = [len(c.token_ids) for c in active]
+        old_lens = [self.cache.seq_len(s) for s in seq_ids]
+        if active:
+            self.cache.reserve(seq_ids, query_lens)
+        try:
+            logits = self._forward(active, seq_ids, query_lens) if active else None
+        except BaseException:
+            for seq_id, length in zip(seq_ids, old_lens, strict=True):
+                self.cache.truncate(seq_id, length)
+            raise
+        for seq_id in seq_ids:
+            self._seq_tables[seq_id] = self._kv_scales
+        empty = torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
+        results: list[torch.Tensor] = []
+        offset = 0
+        for chunk in chunks:
+            if chunk.num_logits == 0:
+                results.append(empty)
+                continue
+            results.append(logits[offset : offset + chunk.num_logits])
+            offset += chunk.num_logits
+        return results
+
+    def _validate(self, chunks: list[SequenceChunk]) -> None:
+        seen: set[str] = set()
+        fp8 = is_fp8(self.kv_torch_dtype)
+        for chunk in chunks:
+            seq_id = chunk.seq_id
+            if seq_id in seen:
+                raise ValueError(f"sequence {seq_id!r} appears twice in one extend call")
+            seen.add(seq_id)
+            new_len = self.cache.seq_len(seq_id) + len(chunk.token_ids)  # KeyError if unknown
+            if new_len > self.max_model_len:
+                raise ValueError(
+                    f"sequence {seq_id!r} would hold {new_len} tokens, more than "
+                    f"max_model_len={self.max_model_len}"
+                )
+            if (
+                fp8
+                and self._seq_tables[seq_id] != self._kv_scales
+                and self.cache.seq_len(seq_id) > 0
+            ):
+                raise KVScalesMismatchError(
+                    f"sequence {seq_id!r} was written under KV-scale table version "
+                    f"{self._seq_tables[seq_id].version}, the runner now uses version "
+                    f"{self._kv_scales.version}; release it and rebuild it from its tokens"
+                )
+
+    def _forward(
+        self, chunks: list[SequenceChunk], seq_ids: list[str], query_lens: list[int]
+    ) -> torch.Tensor:
+        mc = self.model_config
+        meta = build_attention_metadata(self.cache, seq_ids, query_lens)
+        self.backend.plan(
+            meta,
+            mc.num_heads,
+            mc.num_kv_heads,
+            mc.head_dim,
+            self.config.torch_dtype,
+            self.kv_torch_dtype,
+        )
+        k_scales, v_scales = self._step_scales
+        ctx = PagedContext(
+            positions=meta.positions,
+            slot_mapping=meta.slot_mapping,
+            cache=self.cache,
+            backend=self.backend,
+            k_scales=k_scales,
+            v_scales=v_scales,
+            sm_scale=self._sm_scale,
+        )
+        flat = list(itertools.chain.from_iterable(c.token_ids for c in chunks))
+        input_ids = torch.tensor(flat, dtype=torch.int64, device=self.device)
+        hidden = self.model(input_ids, ctx)
+        rows: list[int] = []
+        end = 0
+        for chunk, n in zip(chunks, query_lens, strict=True):
+            end += n
+            rows.extend(range(end - chunk.num_logits, end))
+        if not rows:
+            return hidden.new_empty(0, self.vocab_size, dtype=torch.float32)
+        index = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        return self.model.compute_logits(hidden.index_select(0, index))
