@@ -107,7 +107,7 @@ class CoordinatorConfig:
     host: str = "127.0.0.1"
     port: int = 50050
     target: str = "127.0.0.1:50052"  # target service address
-    draft: str = "127.0.0.1:50051"  # draft service address
+    draft: str = "127.0.0.1:50051"  # draft service address; "" = target-only serving
     tokenizer: str = ""  # folder with tokenizer.json (normally the target model); optional
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 16

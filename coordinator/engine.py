@@ -62,13 +62,13 @@ async def _await(call: Awaitable[Any]) -> Any:
 class Engine:
     """Runs steps while there is work. Requests enter with `add_request` and leave by
     finishing, failing (their queue gets the error) or `abort`; every departed request is
-    released on both services before the next step.
+    released on both services before the next step. `draft` None serves target-only.
     """
 
     def __init__(
         self,
         config: CoordinatorConfig,
-        draft: Any,
+        draft: Any | None,
         target: Any,
         limits: ModelLimits,
         metrics: Metrics | None = None,
@@ -150,6 +150,7 @@ class Engine:
                 for request in list(self.scheduler.running):
                     self._finish(request, error=SpecDecError(f"internal error in step: {e!r}"))
                 ran = True
+            self.totals.step_seconds += time.monotonic() - start
             if self.metrics is not None:
                 self.metrics.step_duration.observe(time.monotonic() - start)
                 self.metrics.num_requests_running.set(len(self.scheduler.running))
@@ -162,7 +163,7 @@ class Engine:
         if self.config.draft_rebuild_every_step:
             for request in self.scheduler.running:
                 request.num_draft_cached = None
-        draft_available = time.monotonic() >= self._draft_down_until
+        draft_available = self.draft is not None and time.monotonic() >= self._draft_down_until
         plan = self.scheduler.schedule(draft_available=draft_available)
         if plan is None:
             return False
@@ -181,9 +182,17 @@ class Engine:
             span.set_attribute("specdec.num_prefill_chunks", len(plan.prefills))
             span.set_attribute("specdec.num_ingest_plans", len(plan.ingest))
             metadata = grpc_metadata()
-            proposals = await self._draft_step(plan, metadata)
+            if plan.propose:
+                proposals = await self._draft_step(plan, metadata)
+                results = await self._verify(plan, proposals, metadata)
+            else:
+                # Nothing to propose (K = 0): the draft only ingests, which the target does
+                # not wait for, so both run at once and K = 0 costs no draft latency.
+                proposals = {}
+                _, results = await asyncio.gather(
+                    self._draft_step(plan, metadata), self._verify(plan, proposals, metadata)
+                )
             span.set_attribute("specdec.num_proposed", sum(len(p) for p in proposals.values()))
-            results = await self._verify(plan, proposals, metadata)
             if results is not None:
                 span.set_attribute("specdec.accepted", self._commit(plan, proposals, results))
         return True
@@ -404,9 +413,9 @@ class Engine:
             return
         ids, self._pending_release = self._pending_release, []
         calls = [self._release(self.target, ids, _RELEASE_TIMEOUT)]
-        if time.monotonic() >= self._draft_down_until:
+        if self.draft is not None and time.monotonic() >= self._draft_down_until:
             calls.append(self._release(self.draft, ids, self.config.draft_timeout))
-        else:
+        elif self.draft is not None:
             self._draft_orphans.extend(ids)
         await asyncio.gather(*calls)
 

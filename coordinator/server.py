@@ -82,6 +82,7 @@ def stats_pb(stats: SpecStats) -> coordinator_pb2.SpecDecodeStats:
         num_k0_steps=stats.num_k0_steps,
         num_ingest_plans=stats.num_ingest_plans,
         num_steps=stats.num_steps,
+        step_seconds=stats.step_seconds,
     )
 
 
@@ -256,9 +257,15 @@ def _kv_table(override: dict | None, reported: common_pb2.KVScaleTable, service:
 
 
 def model_limits(
-    config: CoordinatorConfig, draft_info: common_pb2.ModelInfo, target_info: common_pb2.ModelInfo
+    config: CoordinatorConfig,
+    draft_info: common_pb2.ModelInfo | None,
+    target_info: common_pb2.ModelInfo,
 ) -> ModelLimits:
-    """Pins what the services reported; a draft/target vocab mismatch is a startup error."""
+    """Pins what the services reported; a draft/target vocab mismatch is a startup error.
+
+    `draft_info` None: target-only serving.
+    """
+    draft_info = draft_info or common_pb2.ModelInfo(vocab_size=target_info.vocab_size)
     if draft_info.vocab_size != target_info.vocab_size:
         raise RuntimeError(
             f"draft vocab size {draft_info.vocab_size} != target vocab size "
@@ -279,6 +286,10 @@ def model_limits(
     )
 
 
+async def _none() -> None:
+    return None
+
+
 async def _get_info(stub, name: str, address: str, timeout: float) -> common_pb2.ModelInfo:
     try:
         return await stub.GetInfo(common_pb2.InfoRequest(), timeout=timeout, wait_for_ready=True)
@@ -294,16 +305,16 @@ async def create_server(
 ) -> tuple[CoordinatorServer, int]:
     """Connects to both services, pins their ModelInfo, and starts serving on config.port
     (0 = any free port). Returns the started server and the bound port."""
-    channels = [
-        grpc.aio.insecure_channel(config.draft, options=CHANNEL_OPTIONS),
-        grpc.aio.insecure_channel(config.target, options=CHANNEL_OPTIONS),
-    ]
-    draft = draft_pb2_grpc.DraftServiceStub(channels[0])
-    target = target_pb2_grpc.TargetServiceStub(channels[1])
+    channels = [grpc.aio.insecure_channel(config.target, options=CHANNEL_OPTIONS)]
+    target = target_pb2_grpc.TargetServiceStub(channels[0])
+    draft = None
+    if config.draft:  # else target-only serving
+        channels.append(grpc.aio.insecure_channel(config.draft, options=CHANNEL_OPTIONS))
+        draft = draft_pb2_grpc.DraftServiceStub(channels[1])
     try:
-        draft_info, target_info = await asyncio.gather(
-            _get_info(draft, "draft", config.draft, config.connect_timeout),
+        target_info, draft_info = await asyncio.gather(
             _get_info(target, "target", config.target, config.connect_timeout),
+            _get_info(draft, "draft", config.draft, config.connect_timeout) if draft else _none(),
         )
         limits = model_limits(config, draft_info, target_info)
         tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
@@ -315,8 +326,8 @@ async def create_server(
         "connected: target %s (%s), draft %s (%s); vocab %d, max_model_len %d",
         config.target,
         target_info.model,
-        config.draft,
-        draft_info.model,
+        config.draft or "none",
+        draft_info.model if draft_info else "target-only",
         limits.vocab_size,
         limits.max_model_len,
     )

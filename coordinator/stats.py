@@ -22,6 +22,7 @@ class SpecStats:
     num_k0_steps: int = 0
     num_ingest_plans: int = 0
     num_steps: int = 0
+    step_seconds: float = 0.0  # totals only: wall time in engine steps
 
     def observe_draft(self, num_draft_tokens: int, num_accepted: int) -> None:
         if num_draft_tokens == 0:

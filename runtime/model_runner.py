@@ -6,6 +6,7 @@ Not thread-safe: one caller at a time (the services run it on one worker thread)
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ class ModelRunner:
         self.backend = create_attention_backend(config.attention_backend, self.device)
         self._sm_scale = mc.head_dim**-0.5
         self._seq_tables: dict[str, KVScaleTable] = {}
+        self.forward_seconds = 0.0  # wall time inside extend's forward passes
         if config.kv_scales_path:
             table = KVScaleTable.load(config.kv_scales_path)
         else:
@@ -166,12 +168,14 @@ class ModelRunner:
         old_lens = [self.cache.seq_len(s) for s in seq_ids]
         if active:
             self.cache.reserve(seq_ids, query_lens)
+        start = time.perf_counter()
         try:
             logits = self._forward(active, seq_ids, query_lens) if active else None
         except BaseException:
             for seq_id, length in zip(seq_ids, old_lens, strict=True):
                 self.cache.truncate(seq_id, length)
             raise
+        self.forward_seconds += time.perf_counter() - start
         for seq_id in seq_ids:
             self._seq_tables[seq_id] = self._kv_scales
         empty = torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)

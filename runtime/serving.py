@@ -243,6 +243,7 @@ def model_info(runner: ModelRunner, **counters: int) -> common_pb2.ModelInfo:
         eos_token_ids=runner.eos_token_ids,
         kv_scales=kv_table_to_proto(runner.kv_scales),
         num_layers=runner.num_layers,
+        forward_seconds=runner.forward_seconds,
         **counters,
     )
 

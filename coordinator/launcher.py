@@ -1,0 +1,192 @@
+"""Start the three services as separate processes on loopback and stop them together.
+
+`Stack` is what `specdec up`, `specdec demo`, `specdec bench` and the end-to-end tests use:
+it starts the target and the draft (in parallel: both load weights), waits for their
+`... listening on HOST:PORT` lines, starts the coordinator against them, and then checks
+that all three report SERVING on `grpc.health.v1` before it returns.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+BANNER = re.compile(r"listening on (\S+):(\d+)\s*$")
+# One row per batch-size range: K=4 alone, fewer as the batch grows, none for big batches
+# (on a CPU the target's cost grows with the tokens it verifies). vLLM's format.
+DEFAULT_SPECULATIVE_CONFIG = (
+    '{"num_speculative_tokens_per_batch_size": [[1, 1, 4], [2, 4, 3], [5, 8, 1], [9, 1024, 0]]}'
+)
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """The flags of `specdec up` (vLLM's names where vLLM has one)."""
+
+    target_model: str = str(MODELS_DIR / "target")
+    draft_model: str = str(MODELS_DIR / "draft")
+    kv_cache_dtype: str = "auto"
+    dtype: str = "float32"
+    speculative_config: str = DEFAULT_SPECULATIVE_CONFIG
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 16
+    host: str = "127.0.0.1"
+    port: int = 50050
+    target_port: int = 0  # 0 = any free port
+    draft_port: int = 0
+    no_draft: bool = False  # target-only serving: no draft service, K = 0 throughout
+    draft_rebuild_every_step: bool = False
+    metrics_port: int = 0
+    extra_coordinator_args: tuple[str, ...] = field(default_factory=tuple)
+
+
+class ServiceProcess:
+    """A child process whose output is kept (last lines) and optionally echoed."""
+
+    def __init__(self, name: str, argv: list[str], echo: bool) -> None:
+        self.name = name
+        self.echo = echo
+        self.lines: deque[str] = deque(maxlen=200)
+        self.address: str | None = None
+        self._ready = threading.Event()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches the launcher, which stops us in order
+        )
+        threading.Thread(target=self._pump, name=f"{name}-output", daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            self.lines.append(line)
+            if self.echo:
+                print(f"[{self.name}] {line}", file=sys.stderr, flush=True)
+            match = BANNER.search(line)
+            if match and self.address is None:
+                self.address = f"{match.group(1)}:{match.group(2)}"
+                self._ready.set()
+        self._ready.set()
+
+    def wait_ready(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while not self._ready.wait(0.1):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not start within {timeout:g}s{self._tail()}")
+        if self.address is None:
+            raise RuntimeError(
+                f"{self.name} exited with code {self.proc.poll()} before serving{self._tail()}"
+            )
+        return self.address
+
+    def _tail(self) -> str:
+        return "; its last output:\n  " + "\n  ".join(list(self.lines)[-15:])
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def wait_serving(address: str, timeout: float) -> None:
+    """Blocks until `address` answers grpc.health.v1 Check with SERVING."""
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=2.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{address} did not report SERVING within {timeout:g}s")
+            time.sleep(0.1)
+
+
+class Stack:
+    """target + draft + coordinator as three processes; use as a context manager."""
+
+    def __init__(self, config: StackConfig, echo: bool = False, timeout: float = 300.0) -> None:
+        self.config = config
+        self.echo = echo
+        self.timeout = timeout
+        self.processes: list[ServiceProcess] = []
+        self.address = ""
+        self.target_address = ""
+        self.draft_address = ""
+
+    def _spawn_model(self, name: str, model: str, port: int) -> ServiceProcess:
+        c = self.config
+        argv = [
+            sys.executable, "-m", f"{name}_service", "--model", model, "--host", c.host,
+            "--port", str(port), "--kv-cache-dtype", c.kv_cache_dtype, "--dtype", c.dtype,
+        ]  # fmt: skip
+        return self._spawn(name, argv)
+
+    def start(self) -> Stack:
+        c = self.config
+        for path in (c.target_model, *(() if c.no_draft else (c.draft_model,))):
+            if not (Path(path) / "config.json").is_file():
+                raise RuntimeError(f"{path} is not a Hugging Face model folder (no config.json)")
+        try:
+            target = self._spawn_model("target", c.target_model, c.target_port)
+            draft = None if c.no_draft else self._spawn_model("draft", c.draft_model, c.draft_port)
+            self.target_address = target.wait_ready(self.timeout)
+            self.draft_address = draft.wait_ready(self.timeout) if draft else ""
+            argv = [
+                sys.executable, "-m", "coordinator", "--host", c.host, "--port", str(c.port),
+                "--target", self.target_address, "--draft", self.draft_address,
+                "--tokenizer", c.target_model, "--speculative-config", c.speculative_config,
+                "--max-num-batched-tokens", str(c.max_num_batched_tokens),
+                "--max-num-seqs", str(c.max_num_seqs), "--metrics-port", str(c.metrics_port),
+                *(["--draft-rebuild-every-step"] if c.draft_rebuild_every_step else []),
+                *c.extra_coordinator_args,
+            ]  # fmt: skip
+            self.address = self._spawn("coordinator", argv).wait_ready(self.timeout)
+            for address in filter(None, (self.target_address, self.draft_address, self.address)):
+                wait_serving(address, self.timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, name: str, argv: list[str]) -> ServiceProcess:
+        process = ServiceProcess(name, argv, self.echo)
+        self.processes.append(process)
+        return process
+
+    def stop(self) -> None:
+        """Coordinator first (it drains and releases), then the model services."""
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
