@@ -8,6 +8,7 @@ that all three report SERVING on `grpc.health.v1` before it returns.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -48,8 +49,15 @@ class StackConfig:
     draft_port: int = 0
     no_draft: bool = False  # target-only serving: no draft service, K = 0 throughout
     draft_rebuild_every_step: bool = False
+    with_baseline: bool = False  # also a target-only coordinator on the same target service
     metrics_port: int = 0
     extra_coordinator_args: tuple[str, ...] = field(default_factory=tuple)
+
+
+def bundled_prompts(n: int) -> list[str]:
+    """The first `n` held-out prompts written by scripts/train_models.py."""
+    prompts = json.loads((MODELS_DIR / "heldout.json").read_text())["prompts"]
+    return prompts[:n]
 
 
 class ServiceProcess:
@@ -136,6 +144,7 @@ class Stack:
         self.timeout = timeout
         self.processes: list[ServiceProcess] = []
         self.address = ""
+        self.baseline_address = ""  # target-only coordinator, when config.with_baseline
         self.target_address = ""
         self.draft_address = ""
 
@@ -157,22 +166,35 @@ class Stack:
             draft = None if c.no_draft else self._spawn_model("draft", c.draft_model, c.draft_port)
             self.target_address = target.wait_ready(self.timeout)
             self.draft_address = draft.wait_ready(self.timeout) if draft else ""
-            argv = [
-                sys.executable, "-m", "coordinator", "--host", c.host, "--port", str(c.port),
-                "--target", self.target_address, "--draft", self.draft_address,
-                "--tokenizer", c.target_model, "--speculative-config", c.speculative_config,
-                "--max-num-batched-tokens", str(c.max_num_batched_tokens),
-                "--max-num-seqs", str(c.max_num_seqs), "--metrics-port", str(c.metrics_port),
-                *(["--draft-rebuild-every-step"] if c.draft_rebuild_every_step else []),
-                *c.extra_coordinator_args,
-            ]  # fmt: skip
-            self.address = self._spawn("coordinator", argv).wait_ready(self.timeout)
-            for address in filter(None, (self.target_address, self.draft_address, self.address)):
+            self.address = self._spawn_coordinator(
+                "coordinator", c.port, self.draft_address, c.metrics_port
+            ).wait_ready(self.timeout)
+            if c.with_baseline:
+                self.baseline_address = self._spawn_coordinator(
+                    "baseline-coordinator", 0, "", 0
+                ).wait_ready(self.timeout)
+            addresses = (self.target_address, self.draft_address, self.address)
+            for address in filter(None, (*addresses, self.baseline_address)):
                 wait_serving(address, self.timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _spawn_coordinator(
+        self, name: str, port: int, draft_address: str, metrics_port: int
+    ) -> ServiceProcess:
+        c = self.config
+        argv = [
+            sys.executable, "-m", "coordinator", "--host", c.host, "--port", str(port),
+            "--target", self.target_address, "--draft", draft_address,
+            "--tokenizer", c.target_model, "--speculative-config", c.speculative_config,
+            "--max-num-batched-tokens", str(c.max_num_batched_tokens),
+            "--max-num-seqs", str(c.max_num_seqs), "--metrics-port", str(metrics_port),
+            *(["--draft-rebuild-every-step"] if c.draft_rebuild_every_step else []),
+            *c.extra_coordinator_args,
+        ]  # fmt: skip
+        return self._spawn(name, argv)
 
     def _spawn(self, name: str, argv: list[str]) -> ServiceProcess:
         process = ServiceProcess(name, argv, self.echo)

@@ -1,0 +1,61 @@
+"""transformers baselines for `specdec bench`: target-only and assisted generation, batch 1.
+
+Same weights as the stack, one process, greedy, `--new-tokens` tokens per held-out prompt
+(eos ignored via min_new_tokens). Assisted generation uses `assistant_model=` with
+transformers' default assistant schedule. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+@torch.no_grad()
+def tok_s(target, prompts: list[torch.Tensor], new_tokens: int, **kwargs) -> float:
+    generated, seconds = 0, 0.0
+    for ids in prompts:
+        start = time.perf_counter()
+        out = target.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            **kwargs,
+        )
+        seconds += time.perf_counter() - start
+        generated += out.shape[1] - ids.shape[1]
+    return generated / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="models/target")
+    parser.add_argument("--draft", default="models/draft")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--num-prompts", type=int, default=4)
+    args = parser.parse_args()
+    tokenizer = AutoTokenizer.from_pretrained(args.target, local_files_only=True)
+    target = AutoModelForCausalLM.from_pretrained(args.target, local_files_only=True).eval()
+    draft = AutoModelForCausalLM.from_pretrained(args.draft, local_files_only=True).eval()
+    texts = json.loads((Path(args.target).parent / "heldout.json").read_text())["prompts"]
+    prompts = [tokenizer(t, return_tensors="pt")["input_ids"] for t in texts[: args.num_prompts]]
+    tok_s(target, prompts[:1], 8)  # warm-up
+    tok_s(target, prompts[:1], 8, assistant_model=draft)
+    result = {
+        "hf_target_only_tok_s_bs1": round(tok_s(target, prompts, args.new_tokens), 2),
+        "hf_assisted_tok_s_bs1": round(
+            tok_s(target, prompts, args.new_tokens, assistant_model=draft), 2
+        ),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""`specdec bench`: speculative vs target-only serving through the running stack, and HF.
+
+For each batch size B, B concurrent greedy requests (held-out prompts, `--new-tokens` new
+tokens each, eos ignored) run twice: on the speculative coordinator and on a target-only
+coordinator in front of the same target service. Throughput is generated tokens over the
+wall time of the whole batch. `overhead_share_bs1` is the share of the batch-1
+speculative step time spent outside model forward passes (both services' forward time
+over the coordinator's step time). The transformers baselines run in a separate process
+(`bench/hf_generate.py`) before the stack starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+
+from coordinator.client import Completion, CoordinatorClient, GenerateParams
+from coordinator.config import SpeculativeConfig
+from coordinator.launcher import Stack, StackConfig, bundled_prompts
+from protos.specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
+
+HF_SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "hf_generate.py"
+NUM_BS1_PROMPTS = 4
+
+
+def run_batch(address: str, prompts: list[str], params: GenerateParams) -> tuple[float, list]:
+    """All prompts at once; returns (generated tokens per second, completions)."""
+    outs: list[Completion | None] = [None] * len(prompts)
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(prompts) + 1)
+
+    def worker(i: int) -> None:
+        with CoordinatorClient(address) as client:
+            barrier.wait()
+            try:
+                outs[i] = client.generate(prompts[i], params)
+            except grpc.RpcError as e:
+                errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"bench request failed: {errors[0]}")
+    return sum(len(o.token_ids) for o in outs) / seconds, outs
+
+
+def forward_seconds(stack: Stack) -> float:
+    total = 0.0
+    for address, stub_cls in (
+        (stack.target_address, target_pb2_grpc.TargetServiceStub),
+        (stack.draft_address, draft_pb2_grpc.DraftServiceStub),
+    ):
+        with grpc.insecure_channel(address) as channel:
+            total += stub_cls(channel).GetInfo(common_pb2.InfoRequest(), timeout=10).forward_seconds
+    return total
+
+
+def measure(stack: Stack, spec: SpeculativeConfig, batch_sizes: list[int], new_tokens: int):
+    params = GenerateParams(max_tokens=new_tokens, ignore_eos=True)
+    prompts = bundled_prompts(max(max(batch_sizes), NUM_BS1_PROMPTS))
+    warm = replace(params, max_tokens=8)
+    for address in (stack.address, stack.baseline_address):
+        run_batch(address, prompts[:2], warm)
+    report, overhead = {}, None
+    for bs in batch_sizes:
+        rounds = [prompts[i : i + 1] for i in range(NUM_BS1_PROMPTS)] if bs == 1 else [prompts[:bs]]
+        with CoordinatorClient(stack.address) as client:
+            step_s, fwd_s = client.totals().step_seconds, forward_seconds(stack)
+            spec_runs = [run_batch(stack.address, r, params) for r in rounds]
+            if bs == 1:
+                step_s = client.totals().step_seconds - step_s
+                overhead = 1 - (forward_seconds(stack) - fwd_s) / step_s
+        base_runs = [run_batch(stack.baseline_address, r, params) for r in rounds]
+        outs = [o for _, batch in spec_runs for o in batch]
+        drafts = sum(o.stats["num_drafts"] for o in outs)
+        accepted = sum(o.stats["num_accepted_tokens"] for o in outs)
+        report[str(bs)] = {
+            "k": spec.k_for_batch_size(bs),
+            "target_only_tok_s": round(sum(r for r, _ in base_runs) / len(base_runs), 2),
+            "spec_tok_s": round(sum(r for r, _ in spec_runs) / len(spec_runs), 2),
+            "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else 1.0,
+        }
+    return report, overhead
+
+
+def hf_baselines(config: StackConfig, new_tokens: int) -> dict:
+    if not HF_SCRIPT.is_file():
+        raise RuntimeError(f"{HF_SCRIPT} is missing: run specdec bench from a source checkout")
+    argv = [
+        sys.executable, str(HF_SCRIPT), "--target", config.target_model,
+        "--draft", config.draft_model, "--new-tokens", str(new_tokens),
+        "--num-prompts", str(NUM_BS1_PROMPTS),
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"transformers baseline failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_bench(config: StackConfig, args: argparse.Namespace) -> int:
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    hf = {} if args.no_hf else hf_baselines(config, args.new_tokens)
+    config = replace(config, port=0, with_baseline=True)
+    spec = SpeculativeConfig.from_json(config.speculative_config)
+    with Stack(config, echo=args.verbose) as stack:
+        batch, overhead = measure(stack, spec, batch_sizes, args.new_tokens)
+    result = {
+        "batch": batch,
+        "hf_assisted_tok_s_bs1": hf.get("hf_assisted_tok_s_bs1"),
+        "hf_target_only_tok_s_bs1": hf.get("hf_target_only_tok_s_bs1"),
+        "overhead_share_bs1": None if overhead is None else round(overhead, 3),
+    }
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"{'batch':>5} {'K':>3} {'target-only tok/s':>18} {'spec tok/s':>11} {'speedup':>8} "
+          f"{'mean acc. len':>13}")  # fmt: skip
+    for bs, row in batch.items():
+        speedup = row["spec_tok_s"] / row["target_only_tok_s"]
+        print(
+            f"{bs:>5} {row['k']:>3} {row['target_only_tok_s']:>18.1f} {row['spec_tok_s']:>11.1f} "
+            f"{speedup:>7.2f}x {row['mean_acceptance_length']:>13.2f}"
+        )
+    for key in ("hf_target_only_tok_s_bs1", "hf_assisted_tok_s_bs1", "overhead_share_bs1"):
+        print(f"{key}: {result[key]}")
+    return 0

@@ -1,0 +1,162 @@
+"""`specdec`: up | generate | demo | bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from dataclasses import MISSING, fields
+
+import grpc
+
+from coordinator.client import CoordinatorClient, GenerateParams
+from coordinator.launcher import Stack, StackConfig
+
+
+def add_stack_args(parser: argparse.ArgumentParser) -> None:
+    """Flags from StackConfig's fields (vLLM's names: --kv-cache-dtype, --max-num-seqs, ...)."""
+    for f in fields(StackConfig):
+        if f.name == "extra_coordinator_args":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not MISSING else None
+        if isinstance(default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+        elif f.name == "kv_cache_dtype":
+            choices = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+            parser.add_argument(flag, choices=choices, default=default)
+        else:
+            parser.add_argument(flag, type=type(default), default=default)
+    parser.add_argument("--verbose", action="store_true", help="echo the services' logs")
+
+
+def stack_config(args: argparse.Namespace) -> StackConfig:
+    names = {f.name for f in fields(StackConfig)} - {"extra_coordinator_args"}
+    return StackConfig(**{name: getattr(args, name) for name in names})
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    stack = Stack(stack_config(args), echo=args.verbose)
+    stop = {"now": False}
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stack.start()
+    print(f"coordinator listening on {stack.address}", flush=True)
+    print(f"  target {stack.target_address}, draft {stack.draft_address or 'none'}", flush=True)
+    try:
+        while not stop["now"]:
+            time.sleep(0.5)
+            if any(p.proc.poll() is not None for p in stack.processes):
+                print("a service exited; stopping the stack", file=sys.stderr)
+                break
+    finally:
+        stack.stop()
+    return 0
+
+
+def parse_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        msg = f"--prompt-ids must be comma-separated ints: {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    params = GenerateParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        num_speculative_tokens=args.num_speculative_tokens,
+        ignore_eos=args.ignore_eos,
+    )
+    prompt = args.prompt if args.prompt is not None else args.prompt_ids
+
+    def show(text: str) -> None:
+        print(text, end="", flush=True)
+
+    with CoordinatorClient(args.address) as client:
+        try:
+            out = client.generate(prompt, params, on_text=None if args.json else show)
+        except grpc.RpcError as e:
+            print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
+            return 1
+    if args.json:
+        print(json.dumps(out.as_json()))
+    else:
+        s = out.stats
+        rate = s["num_accepted_tokens"] / s["num_draft_tokens"] if s["num_draft_tokens"] else 0
+        print(
+            f"\n[{len(out.token_ids)} tokens in {out.seconds:.2f}s, finish={out.finish_reason}, "
+            f"acceptance {rate:.2f}]",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from coordinator.demo import run_demo
+
+    return run_demo(stack_config(args), args.num_prompts, args.max_tokens, args.verbose)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from coordinator.bench import run_bench
+
+    return run_bench(stack_config(args), args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="start target, draft and coordinator on loopback")
+    add_stack_args(up)
+    up.set_defaults(func=cmd_up)
+
+    gen = sub.add_parser("generate", help="stream one completion from a running coordinator")
+    gen.add_argument("--address", default="127.0.0.1:50050")
+    prompt = gen.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt")
+    prompt.add_argument("--prompt-ids", type=parse_ids)
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--num-speculative-tokens", type=int, default=None)
+    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    gen.set_defaults(func=cmd_generate)
+
+    demo = sub.add_parser("demo", help="the main job on the bundled models")
+    add_stack_args(demo)
+    demo.add_argument("--num-prompts", type=int, default=3)
+    demo.add_argument("--max-tokens", type=int, default=96)
+    demo.set_defaults(func=cmd_demo)
+
+    bench = sub.add_parser("bench", help="measure spec decoding against target-only and HF")
+    add_stack_args(bench)
+    bench.add_argument("--json", action="store_true")
+    bench.add_argument("--new-tokens", type=int, default=128)
+    bench.add_argument("--batch-sizes", default="1,4,16")
+    bench.add_argument("--no-hf", action="store_true", help="skip the transformers baselines")
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        sys.exit(args.func(args))
+    except RuntimeError as e:  # a service failed to start, with its last output
+        print(f"specdec {args.command}: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,123 @@
+"""A small synchronous client of `Coordinator.Generate`, used by the CLI and tests."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from protos.specdec.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    num_speculative_tokens: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class Completion:
+    """What one Generate stream delivered."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str = ""
+    num_prompt_tokens: int = 0
+    stats: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def as_json(self) -> dict:
+        return {
+            "token_ids": self.token_ids,
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "num_prompt_tokens": self.num_prompt_tokens,
+            "stats": self.stats,
+        }
+
+
+def generate_request(
+    prompt: str | list[int], params: GenerateParams, request_id: str = ""
+) -> coordinator_pb2.GenerateRequest:
+    message = coordinator_pb2.GenerateRequest(
+        request_id=request_id,
+        sampling=common_pb2.SamplingParams(
+            temperature=params.temperature, top_p=params.top_p, top_k=params.top_k
+        ),
+        max_tokens=params.max_tokens,
+        stop_token_ids=params.stop_token_ids,
+        ignore_eos=params.ignore_eos,
+    )
+    if isinstance(prompt, str):
+        message.text = prompt
+    else:
+        message.token_ids.ids.extend(prompt)
+    if params.seed is not None:
+        message.sampling.seed = params.seed
+    if params.num_speculative_tokens is not None:
+        message.num_speculative_tokens = params.num_speculative_tokens
+    return message
+
+
+def stats_dict(stats: coordinator_pb2.SpecDecodeStats) -> dict:
+    return {
+        "num_drafts": stats.num_drafts,
+        "num_draft_tokens": stats.num_draft_tokens,
+        "num_accepted_tokens": stats.num_accepted_tokens,
+        "accepted_per_position": list(stats.accepted_per_position),
+        "num_k0_steps": stats.num_k0_steps,
+        "num_ingest_plans": stats.num_ingest_plans,
+    }
+
+
+class CoordinatorClient:
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.insecure_channel(address)
+        self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
+
+    def stream(
+        self, prompt: str | list[int], params: GenerateParams, timeout: float | None = None
+    ) -> Iterator[coordinator_pb2.GenerateResponse]:
+        return self.stub.Generate(generate_request(prompt, params), timeout=timeout)
+
+    def generate(
+        self,
+        prompt: str | list[int],
+        params: GenerateParams,
+        on_text: Callable[[str], None] | None = None,
+        timeout: float | None = None,
+    ) -> Completion:
+        """Runs one request to the end; `on_text` sees each text delta as it arrives."""
+        out = Completion()
+        start = time.perf_counter()
+        for response in self.stream(prompt, params, timeout):
+            out.token_ids.extend(response.token_ids)
+            out.text += response.text
+            out.num_prompt_tokens = response.num_prompt_tokens
+            if on_text is not None and response.text:
+                on_text(response.text)
+            if response.finish_reason:
+                out.finish_reason = response.finish_reason
+                out.stats = stats_dict(response.stats)
+        out.seconds = time.perf_counter() - start
+        return out
+
+    def totals(self) -> coordinator_pb2.SpecDecodeStats:
+        return self.stub.GetStats(coordinator_pb2.StatsRequest(), timeout=10)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> CoordinatorClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
