@@ -15,47 +15,18 @@ import argparse
 import json
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import grpc
 
-from coordinator.client import Completion, CoordinatorClient, GenerateParams
+from coordinator.client import CoordinatorClient, GenerateParams, generate_concurrently
 from coordinator.config import SpeculativeConfig
 from coordinator.launcher import Stack, StackConfig, bundled_prompts
 from protos.specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 
 HF_SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "hf_generate.py"
 NUM_BS1_PROMPTS = 4
-
-
-def run_batch(address: str, prompts: list[str], params: GenerateParams) -> tuple[float, list]:
-    """All prompts at once; returns (generated tokens per second, completions)."""
-    outs: list[Completion | None] = [None] * len(prompts)
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(len(prompts) + 1)
-
-    def worker(i: int) -> None:
-        with CoordinatorClient(address) as client:
-            barrier.wait()
-            try:
-                outs[i] = client.generate(prompts[i], params)
-            except grpc.RpcError as e:
-                errors.append(e)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - start
-    if errors:
-        raise RuntimeError(f"bench request failed: {errors[0]}")
-    return sum(len(o.token_ids) for o in outs) / seconds, outs
 
 
 def forward_seconds(stack: Stack) -> float:
@@ -74,17 +45,17 @@ def measure(stack: Stack, spec: SpeculativeConfig, batch_sizes: list[int], new_t
     prompts = bundled_prompts(max(max(batch_sizes), NUM_BS1_PROMPTS))
     warm = replace(params, max_tokens=8)
     for address in (stack.address, stack.baseline_address):
-        run_batch(address, prompts[:2], warm)
+        generate_concurrently(address, prompts[:2], warm)
     report, overhead = {}, None
     for bs in batch_sizes:
         rounds = [prompts[i : i + 1] for i in range(NUM_BS1_PROMPTS)] if bs == 1 else [prompts[:bs]]
         with CoordinatorClient(stack.address) as client:
             step_s, fwd_s = client.totals().step_seconds, forward_seconds(stack)
-            spec_runs = [run_batch(stack.address, r, params) for r in rounds]
+            spec_runs = [generate_concurrently(stack.address, r, params) for r in rounds]
             if bs == 1:
                 step_s = client.totals().step_seconds - step_s
                 overhead = 1 - (forward_seconds(stack) - fwd_s) / step_s
-        base_runs = [run_batch(stack.baseline_address, r, params) for r in rounds]
+        base_runs = [generate_concurrently(stack.baseline_address, r, params) for r in rounds]
         outs = [o for _, batch in spec_runs for o in batch]
         drafts = sum(o.stats["num_drafts"] for o in outs)
         accepted = sum(o.stats["num_accepted_tokens"] for o in outs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -121,3 +122,36 @@ class CoordinatorClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def generate_concurrently(
+    address: str, prompts: list, params: GenerateParams | list[GenerateParams]
+) -> tuple[float, list[Completion]]:
+    """One stream per prompt, all at once; returns (generated tokens/s, completions).
+
+    `params` is shared or one per prompt. Raises the first failed request's grpc.RpcError.
+    """
+    per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+    outs: list[Completion | None] = [None] * len(prompts)
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(prompts) + 1)
+
+    def worker(i: int) -> None:
+        with CoordinatorClient(address) as client:
+            barrier.wait()
+            try:
+                outs[i] = client.generate(prompts[i], per_prompt[i])
+            except grpc.RpcError as e:
+                errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return sum(len(o.token_ids) for o in outs) / seconds, outs

@@ -1,0 +1,181 @@
+"""docker-compose.yml against the real CLIs, health protocol and Dockerfile stages.
+
+No Docker engine is needed: commands are parsed with the services' own argparse, the
+health-check snippet runs against an in-process gRPC health server, and `config -q` runs
+only where a compose client is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+from concurrent import futures
+from pathlib import Path
+from urllib.parse import urlparse
+
+import grpc
+import pytest
+import yaml
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from coordinator.config import CoordinatorConfig, SpeculativeConfig
+from runtime.serving import ServiceConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+MODEL_SERVICES = ("target", "draft")
+
+
+@pytest.fixture(scope="module")
+def services() -> dict:
+    return yaml.safe_load(COMPOSE_FILE.read_text())["services"]
+
+
+def environment(service: dict) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def module_argv(service: dict, module: str) -> list[str]:
+    """The flags after `python -m <module>`; fails when the command runs something else."""
+    command = [str(arg) for arg in service["command"]]
+    assert command[:3] == ["python", "-m", module]
+    return command[3:]
+
+
+def health_check(service: dict) -> tuple[str, str]:
+    """(python source, address) of a `["CMD", "python", "-c", source, address]` check."""
+    test = service["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"] and len(test) == 5
+    return test[3], test[4]
+
+
+def coordinator_config(service: dict) -> CoordinatorConfig:
+    parser = argparse.ArgumentParser()
+    CoordinatorConfig.add_cli_args(parser)
+    return CoordinatorConfig.from_cli_args(parser.parse_args(module_argv(service, "coordinator")))
+
+
+def test_stack_has_target_draft_coordinator_and_trace_backend(services):
+    assert {"target", "draft", "coordinator", "jaeger"} <= set(services)
+    assert services["jaeger"]["image"].startswith("jaegertracing/all-in-one:")
+
+
+@pytest.mark.parametrize("name", MODEL_SERVICES)
+def test_model_service_command_parses_with_the_service_cli(services, name):
+    service = services[name]
+    config = ServiceConfig.from_args(name, module_argv(service, f"{name}_service"))
+    assert config.model == f"models/{name}"
+    assert (ROOT / config.model / "config.json").is_file()  # the Dockerfile copies it
+    assert config.host == "0.0.0.0"
+    assert config.device == "cpu"
+    assert str(config.port) in [str(p) for p in service["expose"]]
+    assert health_check(service)[1] == f"localhost:{config.port}"
+
+
+def test_coordinator_command_parses_and_points_at_the_model_services(services):
+    config = coordinator_config(services["coordinator"])
+    target = ServiceConfig.from_args("t", module_argv(services["target"], "target_service"))
+    draft = ServiceConfig.from_args("d", module_argv(services["draft"], "draft_service"))
+    assert config.target == f"target:{target.port}"
+    assert config.draft == f"draft:{draft.port}"
+    assert config.host == "0.0.0.0"
+    assert (config.port, config.metrics_port) == (50050, 9090)
+    assert (config.max_num_batched_tokens, config.max_num_seqs) == (512, 16)
+    assert (ROOT / config.tokenizer / "tokenizer.json").is_file()
+    assert health_check(services["coordinator"])[1] == f"localhost:{config.port}"
+
+
+def test_coordinator_publishes_api_and_metrics_ports(services):
+    published = {str(p).split(":")[-1] for p in services["coordinator"]["ports"]}
+    assert {"50050", "9090"} <= published
+
+
+def test_speculative_config_is_the_dynamic_k_table(services):
+    argv = module_argv(services["coordinator"], "coordinator")
+    spec = SpeculativeConfig.from_json(argv[argv.index("--speculative-config") + 1])
+    assert spec.num_speculative_tokens_per_batch_size == (
+        (1, 1, 4),
+        (2, 4, 3),
+        (5, 8, 1),
+        (9, 1024, 0),
+    )
+    assert [spec.k_for_batch_size(bs) for bs in (1, 3, 8, 16)] == [4, 3, 1, 0]
+
+
+def test_coordinator_starts_only_after_target_and_draft_are_healthy(services):
+    depends_on = services["coordinator"]["depends_on"]
+    for name in MODEL_SERVICES:
+        assert depends_on[name] == {"condition": "service_healthy"}
+        assert "healthcheck" in services[name]
+
+
+@pytest.mark.parametrize("name", ("target", "draft", "coordinator"))
+def test_service_exports_traces_to_the_jaeger_otlp_port(services, name):
+    env = environment(services[name])
+    endpoint = urlparse(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
+    assert (endpoint.scheme, endpoint.hostname, endpoint.port) == ("http", "jaeger", 4317)
+    assert env["OTEL_SERVICE_NAME"] == f"specdec-{name}"
+    jaeger = services["jaeger"]
+    assert environment(jaeger)["COLLECTOR_OTLP_ENABLED"] == "true"
+    assert "4317" in [str(p).split(":")[-1] for p in jaeger.get("expose", []) + jaeger["ports"]]
+
+
+def test_compose_build_targets_are_dockerfile_stages(services):
+    stages = re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", (ROOT / "Dockerfile").read_text(), re.M)
+    targets = {name: s["build"]["target"] for name, s in services.items() if "build" in s}
+    assert targets == {"target": "model", "draft": "model", "coordinator": "coordinator"}
+    assert set(targets.values()) <= set(stages)
+
+
+@pytest.fixture
+def health_server():
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield servicer, f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+@pytest.mark.parametrize("name", ("target", "draft", "coordinator"))
+def test_health_check_passes_only_while_serving(services, health_server, name):
+    source, _ = health_check(services[name])
+    servicer, address = health_server
+
+    def run_check() -> int:
+        return subprocess.run([sys.executable, "-c", source, address], timeout=30).returncode
+
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    assert run_check() == 0
+    servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    assert run_check() != 0
+
+
+def compose_client() -> list[str] | None:
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if shutil.which("docker"):
+        probe = subprocess.run(["docker", "compose", "version"], capture_output=True)
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    return None
+
+
+def test_compose_file_validates_with_the_compose_client():
+    client = compose_client()
+    if client is None:
+        pytest.skip("neither docker-compose nor `docker compose` is installed")
+    result = subprocess.run(
+        [*client, "-f", str(COMPOSE_FILE), "config", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
