@@ -24,8 +24,8 @@ from coordinator.metrics import Metrics
 from coordinator.request import Request, RequestOutput, RequestStatus
 from coordinator.scheduler import Scheduler, StepPlan
 from coordinator.stats import SpecStats
-from coordinator.tracing import grpc_metadata
 from protos.specdec.v1 import common_pb2, target_pb2
+from telemetry.tracing import grpc_metadata
 
 logger = logging.getLogger(__name__)
 tracer = trace.get_tracer("specdec.coordinator")

@@ -36,7 +36,6 @@ from coordinator.errors import (
 from coordinator.metrics import Metrics, create_metrics, serve_metrics
 from coordinator.request import Request, SamplingParams
 from coordinator.stats import SpecStats
-from coordinator.tracing import configure_tracing, context_from_metadata, shutdown_tracing
 from protos.specdec.v1 import (
     common_pb2,
     coordinator_pb2,
@@ -44,6 +43,7 @@ from protos.specdec.v1 import (
     draft_pb2_grpc,
     target_pb2_grpc,
 )
+from telemetry.tracing import configure_tracing, context_from_metadata, shutdown_tracing
 
 logger = logging.getLogger(__name__)
 tracer = trace.get_tracer("specdec.coordinator")

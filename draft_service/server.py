@@ -19,6 +19,7 @@ from runtime.serving import (
     load_runner,
     run_until_signal,
 )
+from telemetry.tracing import configure_tracing, shutdown_tracing
 
 SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
 
@@ -47,7 +48,9 @@ async def serve(config: ServiceConfig) -> None:
     executor = ModelExecutor("draft-model")
     server, port = await create_server(config, executor=executor)
     banner = f"draft service listening on {config.host}:{port}"
+    configure_tracing("specdec-draft")
     await run_until_signal(server, banner, config.grace_s)
+    shutdown_tracing()
     executor.shutdown()
 
 

@@ -7,6 +7,7 @@ import grpc
 from draft_service.drafter import Drafter, DraftStep, DraftStepResult, IngestPlan, ProposeEntry
 from protos.specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 from runtime.serving import ModelExecutor, Sampling, kv_table_from_proto, model_info
+from telemetry.tracing import rpc_span
 
 
 def step_from_proto(msg: draft_pb2.DraftStepRequest) -> DraftStep:
@@ -51,7 +52,16 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     async def Step(
         self, request: draft_pb2.DraftStepRequest, context: grpc.aio.ServicerContext
     ) -> draft_pb2.DraftStepResponse:
-        return await self.executor.call(context, self._step, request)
+        with rpc_span(
+            "specdec.draft.step",
+            context,
+            **{
+                "specdec.step_id": request.step_id,
+                "specdec.num_ingest_plans": len(request.ingest),
+                "specdec.num_proposing": len(request.propose),
+            },
+        ):
+            return await self.executor.call(context, self._step, request)
 
     async def Release(
         self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext

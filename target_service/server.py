@@ -19,6 +19,7 @@ from runtime.serving import (
 )
 from target_service.servicer import TargetServicer
 from target_service.verifier import Verifier
+from telemetry.tracing import configure_tracing, shutdown_tracing
 
 SERVICE_NAME = target_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name
 
@@ -47,7 +48,9 @@ async def serve(config: ServiceConfig) -> None:
     executor = ModelExecutor("target-model")
     server, port = await create_server(config, executor=executor)
     banner = f"target service listening on {config.host}:{port}"
+    configure_tracing("specdec-target")
     await run_until_signal(server, banner, config.grace_s)
+    shutdown_tracing()
     executor.shutdown()
 
 

@@ -13,6 +13,7 @@ from runtime.serving import (
     model_info,
 )
 from target_service.verifier import PrefillChunk, Verifier, VerifyEntry, VerifyResult
+from telemetry.tracing import rpc_span
 
 
 def prefill_from_proto(msg: target_pb2.PrefillChunk) -> PrefillChunk:
@@ -62,7 +63,16 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
     async def Verify(
         self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext
     ) -> target_pb2.VerifyResponse:
-        return await self.executor.call(context, self._verify, request)
+        with rpc_span(
+            "specdec.target.verify",
+            context,
+            **{
+                "specdec.step_id": request.step_id,
+                "specdec.num_prefill_chunks": len(request.prefill),
+                "specdec.batch_size": len(request.decode),
+            },
+        ):
+            return await self.executor.call(context, self._verify, request)
 
     async def Release(
         self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from opentelemetry import propagate, trace
 
@@ -42,6 +44,15 @@ def configure_tracing(default_service_name: str = "specdec-coordinator") -> None
         logger.info("tracing: exporting spans over OTLP")
     trace.set_tracer_provider(provider)
     _configured = True
+
+
+@contextmanager
+def rpc_span(name: str, context: object, **attributes: object) -> Iterator[trace.Span]:
+    """A server span for one RPC, child of the caller's trace context from its metadata."""
+    parent = context_from_metadata(context.invocation_metadata())  # type: ignore[attr-defined]
+    tracer = trace.get_tracer("specdec")
+    with tracer.start_as_current_span(name, context=parent, attributes=attributes) as span:
+        yield span
 
 
 def shutdown_tracing() -> None:

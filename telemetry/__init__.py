@@ -1,0 +1,1 @@
+"""OpenTelemetry setup shared by the coordinator and the model services."""
