@@ -76,6 +76,7 @@ def stats_dict(stats: coordinator_pb2.SpecDecodeStats) -> dict:
         "accepted_per_position": list(stats.accepted_per_position),
         "num_k0_steps": stats.num_k0_steps,
         "num_ingest_plans": stats.num_ingest_plans,
+        "num_steps": stats.num_steps,
     }
 
 

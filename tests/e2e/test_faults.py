@@ -1,0 +1,103 @@
+"""Failures: a dying draft, client deadlines and cancellation, bad input."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import grpc
+import pytest
+from e2e_stack import DRAFT, running_stack, service_info
+
+from coordinator.client import CoordinatorClient, GenerateParams, generate_concurrently
+from coordinator.launcher import ServiceProcess
+
+
+def wait_until(predicate, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture(scope="module")
+def stack():
+    with running_stack(speculative_config='{"num_speculative_tokens": 3}', with_baseline=True) as s:
+        yield s
+
+
+def test_a_killed_draft_means_k0_steps_then_a_restarted_draft_is_resynced(stack, prompt_ids):
+    params = GenerateParams(max_tokens=160, ignore_eos=True)
+    _, expected = generate_concurrently(stack.baseline_address, prompt_ids[:1], params)
+    draft = next(p for p in stack.processes if p.name == "draft")
+    with CoordinatorClient(stack.address) as client:
+        stream = client.stream(prompt_ids[0], params, timeout=120)
+        token_ids = list(next(stream).token_ids)
+        draft.proc.kill()
+        draft.proc.wait()
+        last = None
+        for last in stream:
+            token_ids += last.token_ids
+    assert token_ids == expected[0].token_ids
+    assert last.stats.num_k0_steps > 0
+
+    port = stack.draft_address.rsplit(":", 1)[1]
+    argv = [sys.executable, "-m", "draft_service", "--model", DRAFT, "--port", port]
+    restarted = ServiceProcess("draft", argv, echo=False)
+    stack.processes.append(restarted)
+    restarted.wait_ready(120)
+    # The coordinator re-ingests from its log once the draft answers: drafts resume.
+    assert wait_until(
+        lambda: generate_concurrently(stack.address, prompt_ids[1:2], params)[1][0].stats[
+            "num_drafts"
+        ]
+        > 0,
+        timeout=60,
+    )
+    _, outs = generate_concurrently(stack.address, prompt_ids[1:2], params)
+    _, base = generate_concurrently(stack.baseline_address, prompt_ids[1:2], params)
+    assert outs[0].token_ids == base[0].token_ids
+
+
+def held_sequences(stack) -> tuple[int, int]:
+    return (
+        service_info(stack.target_address, draft=False).num_sequences,
+        service_info(stack.draft_address, draft=True).num_sequences,
+    )
+
+
+def test_deadline_and_cancellation_release_kv_on_both_services(stack, prompt_ids):
+    params = GenerateParams(max_tokens=400, ignore_eos=True)
+    with CoordinatorClient(stack.address) as client:
+        with pytest.raises(grpc.RpcError) as err:
+            client.generate(prompt_ids[2], params, timeout=0.5)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert wait_until(lambda: held_sequences(stack) == (0, 0))
+
+        stream = client.stream(prompt_ids[3], params, timeout=60)
+        next(stream)
+        next(stream)
+        assert held_sequences(stack)[0] == 1
+        stream.cancel()
+        assert wait_until(lambda: held_sequences(stack) == (0, 0))
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "needle"),
+    [
+        ([1, 2, 10**6], GenerateParams(), "out of range"),
+        ([], GenerateParams(), "empty prompt"),
+        ([1, 2, 3], GenerateParams(max_tokens=10**6), "max_model_len"),
+        ([1, 2, 3], GenerateParams(temperature=-1.0), "temperature"),
+    ],
+)
+def test_bad_input_is_invalid_argument_and_the_stack_keeps_serving(stack, prompt, params, needle):
+    with CoordinatorClient(stack.address) as client:
+        with pytest.raises(grpc.RpcError) as err:
+            client.generate(prompt, params, timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert needle in err.value.details()
+        ok = client.generate([1, 2, 3], GenerateParams(max_tokens=4, ignore_eos=True))
+        assert len(ok.token_ids) == 4
