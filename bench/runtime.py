@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from runtime import ModelRunner, SequenceChunk
 
-from runtime import ModelRunner, SequenceChunk  # noqa: E402
+MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 
 PROMPT_LEN = 16
 BENCH_QWEN3 = dict(
@@ -131,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_path = args.model
         if model_path is None:
-            target = ROOT / "models" / "target"
+            target = MODELS_DIR / "target"
             model_path = target if (target / "config.json").is_file() else None
         if model_path is None:
             model_path = build_random_qwen3(Path(tmp) / "qwen3-20m")

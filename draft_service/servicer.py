@@ -6,7 +6,7 @@ import grpc
 
 from draft_service.drafter import Drafter, DraftStep, DraftStepResult, IngestPlan, ProposeEntry
 from protos.specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
-from runtime.serving import ModelExecutor, Sampling, kv_table_from_proto, model_info
+from runtime.serving import ModelServicer, Sampling, kv_table_from_proto, model_info
 from telemetry.tracing import rpc_span
 
 
@@ -44,10 +44,8 @@ def result_to_proto(result: DraftStepResult) -> draft_pb2.DraftStepResponse:
     )
 
 
-class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
-    def __init__(self, drafter: Drafter, executor: ModelExecutor) -> None:
-        self.drafter = drafter
-        self.executor = executor
+class DraftServicer(ModelServicer, draft_pb2_grpc.DraftServiceServicer):
+    model: Drafter
 
     async def Step(
         self, request: draft_pb2.DraftStepRequest, context: grpc.aio.ServicerContext
@@ -63,29 +61,13 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         ):
             return await self.executor.call(context, self._step, request)
 
-    async def Release(
-        self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
-    ) -> common_pb2.ReleaseResponse:
-        return await self.executor.call(context, self._release, request)
-
-    async def GetInfo(
-        self, request: common_pb2.InfoRequest, context: grpc.aio.ServicerContext
-    ) -> common_pb2.ModelInfo:
-        return await self.executor.call(context, self._info)
-
-    # Run on the executor thread: the drafter and its runner have one caller at a time.
+    # Run on the executor thread, as ModelServicer's.
 
     def _step(self, request: draft_pb2.DraftStepRequest) -> draft_pb2.DraftStepResponse:
-        return result_to_proto(self.drafter.step(step_from_proto(request)))
-
-    def _release(self, request: common_pb2.ReleaseRequest) -> common_pb2.ReleaseResponse:
-        num_released = self.drafter.release(list(request.request_ids))
-        return common_pb2.ReleaseResponse(
-            num_released=num_released, num_free_pages=self.drafter.runner.num_free_pages
-        )
+        return result_to_proto(self.model.step(step_from_proto(request)))
 
     def _info(self) -> common_pb2.ModelInfo:
-        d = self.drafter
+        d = self.model
         return model_info(
             d.runner,
             num_steps=d.num_steps,

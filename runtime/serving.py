@@ -1,8 +1,9 @@
 """gRPC scaffolding shared by the draft and target services.
 
 The service config and its flags, the domain errors and the ONE place that maps them to
-status codes, the one-thread model executor, health + reflection, ModelInfo and
-KV-scale conversion, sampling parameters, warm-up, and the serve-until-signal loop.
+status codes, the one-thread model executor, the Release/GetInfo RPCs, health +
+reflection, ModelInfo and KV-scale conversion, sampling parameters, warm-up, and the
+create-server / serve-until-signal / main of a model service.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import functools
 import logging
 import signal
 import typing
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import torch
@@ -32,6 +34,7 @@ from runtime.config import COMPUTE_DTYPES, RuntimeConfig
 from runtime.kv_scales import KVScalesMismatchError, KVScaleTable
 from runtime.model_runner import ModelRunner
 from runtime.sequence import SequenceChunk
+from telemetry.tracing import configure_tracing, shutdown_tracing
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -176,30 +179,109 @@ def load_runner(config: ServiceConfig) -> ModelRunner:
     return runner
 
 
+# ---- the RPCs both services share ------------------------------------------------------
+
+
+class ServedModel(Protocol):
+    """What a service serves: the drafter or the verifier, over one runner."""
+
+    runner: ModelRunner
+
+    def release(self, request_ids: list[str]) -> int: ...
+
+
+class ModelServicer(ABC):
+    """Release and GetInfo, model work on the executor. List it before the generated
+    servicer base class, whose UNIMPLEMENTED methods it overrides; subclasses give
+    ``_info``, the ModelInfo with their counters."""
+
+    def __init__(self, model: ServedModel, executor: ModelExecutor) -> None:
+        self.model = model
+        self.executor = executor
+
+    async def Release(
+        self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ReleaseResponse:
+        return await self.executor.call(context, self._release, request)
+
+    async def GetInfo(
+        self, request: common_pb2.InfoRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ModelInfo:
+        return await self.executor.call(context, self._info)
+
+    # Run on the executor thread: the model and its runner have one caller at a time.
+
+    def _release(self, request: common_pb2.ReleaseRequest) -> common_pb2.ReleaseResponse:
+        num_released = self.model.release(list(request.request_ids))
+        return common_pb2.ReleaseResponse(
+            num_released=num_released, num_free_pages=self.model.runner.num_free_pages
+        )
+
+    @abstractmethod
+    def _info(self) -> common_pb2.ModelInfo:
+        """ModelInfo with the model's counters."""
+
+
 # ---- server building and running ---------------------------------------------------------
 
 
-async def build_server(
-    config: ServiceConfig,
-    service_name: str,
-    add_servicer: Callable[[grpc.aio.Server], None],
-) -> tuple[grpc.aio.Server, int]:
-    """An unstarted aio server with the app servicer, health (SERVING) and reflection.
+@dataclass(frozen=True)
+class ModelService:
+    """One model service: its name ("draft", "target"), its proto service's full name,
+    its servicer (made over its model, made over the loaded runner) and the generated
+    ``add_*_to_server``.
 
-    Call it once the model is loaded and warmed up: health reports SERVING from the start.
+    The name names the executor thread, the banner ``<name> service listening on
+    HOST:PORT`` the launcher waits for, the traces (``specdec-<name>``) and the program
+    (``python -m <name>_service``).
     """
-    server = grpc.aio.server(options=GRPC_OPTIONS)
-    add_servicer(server)
-    health = health_aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    names = (service_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
-    reflection.enable_server_reflection((*names, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
-    if port == 0:
-        raise OSError(f"could not bind {config.host}:{config.port}")
-    for name in ("", service_name):
-        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return server, port
+
+    name: str
+    service_name: str
+    servicer: Callable[[Any, ModelExecutor], ModelServicer]
+    model: Callable[[ModelRunner], ServedModel]
+    add_to_server: Callable[[Any, grpc.aio.Server], None]
+
+    async def create_server(
+        self,
+        config: ServiceConfig,
+        runner: ModelRunner | None = None,
+        executor: ModelExecutor | None = None,
+    ) -> tuple[grpc.aio.Server, int]:
+        """An unstarted server bound to ``config.host:config.port``, with the app
+        servicer, health SERVING and reflection.
+
+        Loads and warms up the model on the executor first, unless ``runner`` is given:
+        health reports SERVING from the start.
+        """
+        executor = executor or ModelExecutor(f"{self.name}-model")
+        if runner is None:
+            runner = await executor.run(load_runner, config)
+        server = grpc.aio.server(options=GRPC_OPTIONS)
+        self.add_to_server(self.servicer(self.model(runner), executor), server)
+        health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        names = (self.service_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+        reflection.enable_server_reflection((*names, reflection.SERVICE_NAME), server)
+        port = server.add_insecure_port(f"{config.host}:{config.port}")
+        if port == 0:
+            raise OSError(f"could not bind {config.host}:{config.port}")
+        for name in ("", self.service_name):
+            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return server, port
+
+    async def serve(self, config: ServiceConfig) -> None:
+        executor = ModelExecutor(f"{self.name}-model")
+        server, port = await self.create_server(config, executor=executor)
+        banner = f"{self.name} service listening on {config.host}:{port}"
+        configure_tracing(f"specdec-{self.name}")
+        await run_until_signal(server, banner, config.grace_s)
+        shutdown_tracing()
+        executor.shutdown()
+
+    def main(self, argv: Sequence[str] | None = None) -> None:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        asyncio.run(self.serve(ServiceConfig.from_args(f"python -m {self.name}_service", argv)))
 
 
 async def run_until_signal(server: grpc.aio.Server, banner: str, grace_s: float) -> None:

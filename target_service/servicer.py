@@ -6,12 +6,7 @@ import grpc
 import torch
 
 from protos.specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
-from runtime.serving import (
-    InvalidRequestError,
-    ModelExecutor,
-    Sampling,
-    model_info,
-)
+from runtime.serving import InvalidRequestError, ModelServicer, Sampling, model_info
 from target_service.verifier import PrefillChunk, Verifier, VerifyEntry, VerifyResult
 from telemetry.tracing import rpc_span
 
@@ -55,10 +50,8 @@ def result_to_proto(r: VerifyResult) -> target_pb2.VerifyResult:
     )
 
 
-class TargetServicer(target_pb2_grpc.TargetServiceServicer):
-    def __init__(self, verifier: Verifier, executor: ModelExecutor) -> None:
-        self.verifier = verifier
-        self.executor = executor
+class TargetServicer(ModelServicer, target_pb2_grpc.TargetServiceServicer):
+    model: Verifier
 
     async def Verify(
         self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext
@@ -74,30 +67,14 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         ):
             return await self.executor.call(context, self._verify, request)
 
-    async def Release(
-        self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
-    ) -> common_pb2.ReleaseResponse:
-        return await self.executor.call(context, self._release, request)
-
-    async def GetInfo(
-        self, request: common_pb2.InfoRequest, context: grpc.aio.ServicerContext
-    ) -> common_pb2.ModelInfo:
-        return await self.executor.call(context, self._info)
-
-    # Run on the executor thread: the verifier and its runner have one caller at a time.
+    # Run on the executor thread, as ModelServicer's.
 
     def _verify(self, request: target_pb2.VerifyRequest) -> target_pb2.VerifyResponse:
         prefill = [prefill_from_proto(c) for c in request.prefill]
         decode = [entry_from_proto(e) for e in request.decode]
-        results = self.verifier.verify(prefill, decode)
+        results = self.model.verify(prefill, decode)
         return target_pb2.VerifyResponse(results=[result_to_proto(r) for r in results])
 
-    def _release(self, request: common_pb2.ReleaseRequest) -> common_pb2.ReleaseResponse:
-        num_released = self.verifier.release(list(request.request_ids))
-        return common_pb2.ReleaseResponse(
-            num_released=num_released, num_free_pages=self.verifier.runner.num_free_pages
-        )
-
     def _info(self) -> common_pb2.ModelInfo:
-        v = self.verifier
+        v = self.model
         return model_info(v.runner, num_steps=v.num_steps, num_sequences=v.num_sequences)

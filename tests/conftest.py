@@ -1,13 +1,14 @@
-"""Fixtures shared by every test folder: a tiny random Qwen3 checkpoint, built once."""
+"""Fixtures shared by every test folder: tiny random checkpoints (Qwen3, built once)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-TINY_QWEN3 = dict(
+TINY = dict(
     vocab_size=256,
     hidden_size=64,
     intermediate_size=128,
@@ -23,12 +24,15 @@ TINY_QWEN3 = dict(
 )
 
 
-def build_tiny_qwen3(folder: Path, **overrides) -> Path:
-    """Save a random Qwen3 with ``save_pretrained``; seeded, so every build is identical."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def build_tiny_checkpoint(folder: Path, arch: str = "qwen3", **overrides) -> Path:
+    """Save a random ``arch`` ("qwen3" | "llama") model with ``save_pretrained``; seeded,
+    so every build is identical."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+    classes = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
+    config_class, model_class = classes[arch]
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(Qwen3Config(**{**TINY_QWEN3, **overrides}))
+    model = model_class(config_class(**{**TINY, **overrides}))
     # Weights larger than the init scale, so greedy picks differ from token to token.
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -41,5 +45,11 @@ def build_tiny_qwen3(folder: Path, **overrides) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_checkpoint() -> Callable[..., Path]:
+    """``build_tiny_checkpoint``, for test folders (which cannot import this conftest)."""
+    return build_tiny_checkpoint
+
+
+@pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory) -> Path:
-    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny_qwen3"))
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_qwen3"))

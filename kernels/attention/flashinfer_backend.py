@@ -50,35 +50,14 @@ class FlashInferAttentionBackend(AttentionBackend):
     def _plan_wrapper(self, sm_scale: float) -> None:
         assert self._step is not None
         meta, num_qo_heads, num_kv_heads, head_dim, q_dtype, kv_dtype = self._step
-        common = dict(
-            sm_scale=sm_scale,
-            q_data_type=q_dtype,
-            kv_data_type=kv_dtype,
-        )
+        # What both wrappers take, in their order (the prefill's ``qo_indptr`` first).
+        paged = (meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len)
+        paged += (num_qo_heads, num_kv_heads, head_dim, meta.page_size)
+        common = dict(sm_scale=sm_scale, q_data_type=q_dtype, kv_data_type=kv_dtype)
         if meta.is_decode:
-            self._decode.plan(
-                meta.kv_indptr,
-                meta.kv_indices,
-                meta.kv_last_page_len,
-                num_qo_heads,
-                num_kv_heads,
-                head_dim,
-                meta.page_size,
-                **common,
-            )
+            self._decode.plan(*paged, **common)
         else:
-            self._prefill.plan(
-                meta.qo_indptr,
-                meta.kv_indptr,
-                meta.kv_indices,
-                meta.kv_last_page_len,
-                num_qo_heads,
-                num_kv_heads,
-                head_dim,
-                meta.page_size,
-                causal=True,
-                **common,
-            )
+            self._prefill.plan(meta.qo_indptr, *paged, causal=True, **common)
         self._planned_sm_scale = sm_scale
 
     def forward(

@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from runtime_helpers import build_checkpoint
 
 
 @pytest.fixture(scope="session")
-def qwen3_path(tmp_path_factory) -> Path:
-    return build_checkpoint(tmp_path_factory.mktemp("qwen3"), "qwen3")
+def qwen3_path(tiny_model_path) -> Path:
+    return tiny_model_path
 
 
 @pytest.fixture(scope="session")
-def llama_path(tmp_path_factory) -> Path:
-    return build_checkpoint(tmp_path_factory.mktemp("llama"), "llama")
+def llama_path(tmp_path_factory, tiny_checkpoint) -> Path:
+    return tiny_checkpoint(tmp_path_factory.mktemp("llama"), "llama")

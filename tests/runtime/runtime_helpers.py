@@ -1,4 +1,4 @@
-"""Helpers shared by the runtime tests: tiny random checkpoints, prefill, greedy, KV reads."""
+"""Helpers shared by the runtime tests: checkpoint KV scales, prefill, greedy, KV reads."""
 
 from __future__ import annotations
 
@@ -8,44 +8,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from runtime import ModelRunner, SequenceChunk
-
-TINY = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-6,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
-)
-
-
-def build_checkpoint(folder: Path, arch: str, **overrides) -> Path:
-    """Save a random ``arch`` ("qwen3" | "llama") model with ``save_pretrained``."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    kwargs = {**TINY, **overrides}
-    if arch == "qwen3":
-        model = Qwen3ForCausalLM(Qwen3Config(**kwargs))
-    elif arch == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**kwargs))
-    else:
-        raise ValueError(arch)
-    # Larger-than-init weights make attention and norms non-trivial.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, 0.1)
-    model.save_pretrained(folder)
-    return folder
 
 
 def add_kv_scales(folder: Path, k: list[float], v: list[float]) -> None:

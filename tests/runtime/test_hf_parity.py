@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runtime_helpers import build_checkpoint, greedy, prefill
+from runtime_helpers import greedy, prefill
 from transformers import AutoModelForCausalLM
 
 from runtime import ModelRunner, SequenceChunk
@@ -50,7 +50,7 @@ def test_greedy_64_tokens_equal_transformers_generate(checkpoint):
     assert ours == theirs
 
 
-def test_llama3_rope_scaling_matches_transformers(tmp_path):
+def test_llama3_rope_scaling_matches_transformers(tmp_path, tiny_checkpoint):
     rope = {
         "rope_type": "llama3",
         "rope_theta": 10000.0,
@@ -59,7 +59,7 @@ def test_llama3_rope_scaling_matches_transformers(tmp_path):
         "high_freq_factor": 4.0,
         "original_max_position_embeddings": 32,
     }
-    path = build_checkpoint(tmp_path, "llama", rope_parameters=rope)
+    path = tiny_checkpoint(tmp_path, "llama", rope_parameters=rope)
     runner = ModelRunner.from_pretrained(path, num_pages=32)
     tokens = list(range(3, 99))
     ours = prefill(runner, "s", tokens)
