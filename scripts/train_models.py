@@ -75,7 +75,9 @@ def log(msg: str) -> None:
 def corpus_files() -> list[Path]:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     site = Path(sysconfig.get_paths()["purelib"])
-    files = [p for p in stdlib.rglob("*.py") if not {"test", "tests", "site-packages"} & set(p.parts)]
+    files = [
+        p for p in stdlib.rglob("*.py") if not {"test", "tests", "site-packages"} & set(p.parts)
+    ]
     for package in CORPUS_PACKAGES:
         files += sorted((site / package).rglob("*.py"))
     return sorted(set(files))
@@ -127,7 +129,9 @@ def encode_stream(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch
     return torch.tensor(ids, dtype=torch.long)
 
 
-def model_config(recipe: Recipe, layers: int, hidden: int, intermediate: int, eos: int) -> Qwen3Config:
+def model_config(
+    recipe: Recipe, layers: int, hidden: int, intermediate: int, eos: int
+) -> Qwen3Config:
     return Qwen3Config(
         vocab_size=recipe.vocab_size,
         hidden_size=hidden,
@@ -221,7 +225,9 @@ def train_draft(recipe, target, train: torch.Tensor, heldout: torch.Tensor, eos:
     t0 = time.time()
     # The target's own greedy continuations: the regime the draft is judged in.
     prompt_len = 64
-    starts = torch.randint(0, len(train) - prompt_len, (recipe.num_continuation_prompts,), generator=gen)
+    starts = torch.randint(
+        0, len(train) - prompt_len, (recipe.num_continuation_prompts,), generator=gen
+    )
     prompts = torch.stack([train[s : s + prompt_len] for s in starts.tolist()])
     continuations = torch.cat(
         [
@@ -259,7 +265,9 @@ def train_draft(recipe, target, train: torch.Tensor, heldout: torch.Tensor, eos:
 
 
 @torch.no_grad()
-def kv_scales(model: Qwen3ForCausalLM, heldout: torch.Tensor, seq_len: int) -> dict[str, torch.Tensor]:
+def kv_scales(
+    model: Qwen3ForCausalLM, heldout: torch.Tensor, seq_len: int
+) -> dict[str, torch.Tensor]:
     """Per-layer amax of K (after RoPE) and V over held-out text, divided by e4m3's max."""
     n = min(16, len(heldout) // seq_len)
     x = heldout[: n * seq_len].view(n, seq_len)
@@ -275,6 +283,11 @@ def kv_scales(model: Qwen3ForCausalLM, heldout: torch.Tensor, seq_len: int) -> d
 def save_model(model, tokenizer, scales: dict[str, torch.Tensor], folder: Path) -> None:
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
+    # The generic class name loads with transformers 4.x (vLLM, SGLang) as well as 5.x.
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
     GenerationConfig(
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
