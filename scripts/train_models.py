@@ -60,7 +60,7 @@ class Recipe:
     target_steps: int = 520
     target_batch: int = 16
     target_lr: float = 2e-3
-    draft_steps: int = 500
+    draft_steps: int = 900
     draft_batch: int = 16
     draft_lr: float = 2e-3
     num_continuation_prompts: int = 384
@@ -322,6 +322,12 @@ def main() -> None:
     parser.add_argument("--target-steps", type=int, default=Recipe.target_steps)
     parser.add_argument("--draft-steps", type=int, default=Recipe.draft_steps)
     parser.add_argument("--max-corpus-bytes", type=int, default=Recipe.max_corpus_bytes)
+    parser.add_argument(
+        "--stage",
+        choices=("all", "draft"),
+        default="all",
+        help="draft: retrain only the draft, against the target and tokenizer already in --out",
+    )
     args = parser.parse_args()
     recipe = Recipe(
         target_steps=args.target_steps,
@@ -332,15 +338,23 @@ def main() -> None:
     t_start = time.time()
     log(f"recipe: {asdict(recipe)}; torch threads {torch.get_num_threads()}")
     train_texts, heldout_texts = read_corpus(recipe)
-    tokenizer = train_tokenizer(train_texts, recipe)
+    if args.stage == "all":
+        tokenizer = train_tokenizer(train_texts, recipe)
+    else:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(args.out / "target")
     train = encode_stream(tokenizer, train_texts)
     heldout = encode_stream(tokenizer, heldout_texts)
     log(f"tokens: {len(train) / 1e6:.2f}M train, {len(heldout) / 1e6:.2f}M held-out")
-    (args.out / "heldout.json").write_text(
-        json.dumps(heldout_samples(tokenizer, heldout_texts, recipe), indent=1)
-    )
-    target, target_log = train_target(recipe, train, heldout, tokenizer.eos_token_id)
-    save_model(target, tokenizer, kv_scales(target, heldout, recipe.seq_len), args.out / "target")
+    if args.stage == "all":
+        (args.out / "heldout.json").write_text(
+            json.dumps(heldout_samples(tokenizer, heldout_texts, recipe), indent=1)
+        )
+        target, target_log = train_target(recipe, train, heldout, tokenizer.eos_token_id)
+        scales = kv_scales(target, heldout, recipe.seq_len)
+        save_model(target, tokenizer, scales, args.out / "target")
+    else:
+        target = Qwen3ForCausalLM.from_pretrained(args.out / "target").eval()
+        target_log = json.loads((args.out / "train_log.json").read_text())["target"]
     draft, draft_log = train_draft(recipe, target, train, heldout, tokenizer.eos_token_id)
     save_model(draft, tokenizer, kv_scales(draft, heldout, recipe.seq_len), args.out / "draft")
     versions = {p: metadata.version(p) for p in ("torch", "transformers", "tokenizers", "grpcio")}
@@ -353,7 +367,8 @@ def main() -> None:
         "heldout_tokens": len(heldout),
         "target": target_log,
         "draft": draft_log,
-        "total_minutes": round((time.time() - t_start) / 60, 1),
+        "stage": args.stage,
+        "stage_minutes": round((time.time() - t_start) / 60, 1),
     }
     (args.out / "train_log.json").write_text(json.dumps(report, indent=1))
     log(f"done: {json.dumps(report)}")

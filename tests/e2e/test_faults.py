@@ -29,7 +29,7 @@ def stack():
 
 
 def test_a_killed_draft_means_k0_steps_then_a_restarted_draft_is_resynced(stack, prompt_ids):
-    params = GenerateParams(max_tokens=160, ignore_eos=True)
+    params = GenerateParams(max_tokens=96, ignore_eos=True)
     _, expected = generate_concurrently(stack.baseline_address, prompt_ids[:1], params)
     draft = next(p for p in stack.processes if p.name == "draft")
     with CoordinatorClient(stack.address) as client:
