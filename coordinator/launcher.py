@@ -25,10 +25,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 BANNER = re.compile(r"listening on (\S+):(\d+)\s*$")
-# One row per batch-size range: K=4 alone, fewer as the batch grows, none for big batches
+# One row per batch-size range: K=6 alone, fewer as the batch grows, none for big batches
 # (on a CPU the target's cost grows with the tokens it verifies). vLLM's format.
 DEFAULT_SPECULATIVE_CONFIG = (
-    '{"num_speculative_tokens_per_batch_size": [[1, 1, 4], [2, 4, 3], [5, 8, 1], [9, 1024, 0]]}'
+    '{"num_speculative_tokens_per_batch_size": [[1, 1, 6], [2, 4, 3], [5, 8, 1], [9, 1024, 0]]}'
 )
 
 
@@ -47,6 +47,11 @@ class StackConfig:
     port: int = 50050
     target_port: int = 0  # 0 = any free port
     draft_port: int = 0
+    # torch threads per model service (0: all cores). On a CPU host one core each keeps
+    # the two services apart, as two GPUs would: a K = 0 step's draft ingest then runs
+    # beside the target's verify instead of stealing its cores. See the README.
+    target_num_threads: int = 1
+    draft_num_threads: int = 1
     no_draft: bool = False  # target-only serving: no draft service, K = 0 throughout
     draft_rebuild_every_step: bool = False
     with_baseline: bool = False  # also a target-only coordinator on the same target service
@@ -153,6 +158,7 @@ class Stack:
         argv = [
             sys.executable, "-m", f"{name}_service", "--model", model, "--host", c.host,
             "--port", str(port), "--kv-cache-dtype", c.kv_cache_dtype, "--dtype", c.dtype,
+            "--num-threads", str(c.target_num_threads if name == "target" else c.draft_num_threads),
         ]  # fmt: skip
         return self._spawn(name, argv)
 

@@ -67,6 +67,9 @@ class ServiceConfig:
     max_model_len: int | None = field(default=None, metadata={"help": "default: checkpoint's"})
     device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:1, ..."})
     grace_s: float = field(default=5.0, metadata={"help": "drain time on SIGTERM"})
+    num_threads: int = field(
+        default=0, metadata={"help": "torch intra-op threads for model work (0: all cores)"}
+    )
 
     def runtime_config(self) -> RuntimeConfig:
         return RuntimeConfig(
@@ -167,7 +170,13 @@ class ModelExecutor:
 
 
 def load_runner(config: ServiceConfig) -> ModelRunner:
-    """Load the weights and run one prefill and one decode step (FP8 paths included)."""
+    """Load the weights and run one prefill and one decode step (FP8 paths included).
+
+    Runs on the executor thread, the one that does all model work, so the thread count set
+    here is the one the forwards use.
+    """
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
     runner = ModelRunner(config.runtime_config())
     seq = "\x00warmup"
     runner.open(seq)
