@@ -11,15 +11,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from runtime import ModelRunner, SequenceChunk
+ROOT = Path(__file__).resolve().parents[1]
+# This file is named like the package it measures: put the package first on the path.
+sys.path.insert(0, str(ROOT))
 
-MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
+from runtime import ModelRunner, SequenceChunk  # noqa: E402
+
+MODELS_DIR = ROOT / "models"
 
 PROMPT_LEN = 16
 BENCH_QWEN3 = dict(
