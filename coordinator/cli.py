@@ -18,8 +18,6 @@ from coordinator.launcher import Stack, StackConfig
 def add_stack_args(parser: argparse.ArgumentParser) -> None:
     """Flags from StackConfig's fields (vLLM's names: --kv-cache-dtype, --max-num-seqs, ...)."""
     for f in fields(StackConfig):
-        if f.name == "extra_coordinator_args":
-            continue
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not MISSING else None
         if isinstance(default, bool):
@@ -33,8 +31,7 @@ def add_stack_args(parser: argparse.ArgumentParser) -> None:
 
 
 def stack_config(args: argparse.Namespace) -> StackConfig:
-    names = {f.name for f in fields(StackConfig)} - {"extra_coordinator_args"}
-    return StackConfig(**{name: getattr(args, name) for name in names})
+    return StackConfig(**{f.name: getattr(args, f.name) for f in fields(StackConfig)})
 
 
 def cmd_up(args: argparse.Namespace) -> int:

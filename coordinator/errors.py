@@ -19,10 +19,6 @@ class NotReady(SpecDecError):
     """The coordinator is not connected or is draining."""
 
 
-class RequestNotFound(SpecDecError):
-    """No such request in flight."""
-
-
 class ServiceError(SpecDecError):
     """A draft/target RPC failed; `code` is the gRPC status code name it failed with."""
 

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -56,7 +56,6 @@ class StackConfig:
     draft_rebuild_every_step: bool = False
     with_baseline: bool = False  # also a target-only coordinator on the same target service
     metrics_port: int = 0
-    extra_coordinator_args: tuple[str, ...] = field(default_factory=tuple)
 
 
 def bundled_prompts(n: int) -> list[str]:
@@ -198,7 +197,6 @@ class Stack:
             "--max-num-batched-tokens", str(c.max_num_batched_tokens),
             "--max-num-seqs", str(c.max_num_seqs), "--metrics-port", str(metrics_port),
             *(["--draft-rebuild-every-step"] if c.draft_rebuild_every_step else []),
-            *c.extra_coordinator_args,
         ]  # fmt: skip
         return self._spawn(name, argv)
 

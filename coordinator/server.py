@@ -29,7 +29,6 @@ from coordinator.errors import (
     InvalidRequest,
     NotReady,
     QueueFull,
-    RequestNotFound,
     ServiceError,
     SpecDecError,
 )
@@ -59,7 +58,6 @@ _STATUS_BY_ERROR: dict[type[SpecDecError], grpc.StatusCode] = {
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
     QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     NotReady: grpc.StatusCode.UNAVAILABLE,
-    RequestNotFound: grpc.StatusCode.NOT_FOUND,
 }
 
 

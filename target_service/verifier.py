@@ -9,7 +9,11 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.verify import chain_speculative_sampling, verify_greedy
+from kernels.verify import (
+    chain_speculative_sampling,
+    chain_speculative_sampling_batch,
+    verify_greedy,
+)
 from runtime.model_runner import ModelRunner
 from runtime.sequence import SequenceChunk
 from runtime.serving import (
@@ -188,7 +192,12 @@ class Verifier:
                 q = e.draft_probs.view(len(proposals), vocab).to(logits.device)
             p = e.sampling.probs(logits)
             gen = self._generators[e.request_id]
-            emitted, accepted = chain_speculative_sampling(q, proposals, p, gen)
+            if proposals:  # FlashInfer's fused kernel on CUDA, the PyTorch rule elsewhere
+                ids = torch.tensor([proposals], dtype=torch.long, device=logits.device)
+                tokens, counts = chain_speculative_sampling_batch(q[None], ids, p[None], gen)
+                emitted, accepted = tokens[0], counts[0]
+            else:  # K = 0: a plain sample from p
+                emitted, accepted = chain_speculative_sampling(q, proposals, p, gen)
         # Drop the KV of rejected proposals before answering.
         self.runner.truncate(e.request_id, e.start_position + 1 + accepted)
         return VerifyResult(e.request_id, emitted, accepted, self.runner.seq_len(e.request_id))
