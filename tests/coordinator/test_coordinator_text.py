@@ -81,3 +81,21 @@ def test_request_defaults_unset_top_p_and_max_tokens(byte_tokenizer):
     assert build_request(gen(), None, LIMITS).k_cap is None
     text_req = build_request(coordinator_pb2.GenerateRequest(text="hé"), byte_tokenizer, LIMITS)
     assert text_req.prompt_ids == byte_tokenizer.encode("hé").ids
+
+
+def test_each_delta_decodes_a_window_not_the_whole_output(byte_tokenizer):
+    class Spy:
+        def __init__(self) -> None:
+            self.longest = 0
+
+        def decode(self, ids, skip_special_tokens=True):
+            self.longest = max(self.longest, len(ids))
+            return byte_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    text = "def f(x):\n    return x + 1  # é\n" * 20
+    ids = byte_tokenizer.encode(text).ids
+    spy = Spy()
+    detok = IncrementalDetokenizer(spy)
+    deltas = [detok.update(ids[i : i + 3]) for i in range(0, len(ids), 3)]
+    assert "".join(deltas) + detok.update([], final=True) == text
+    assert spy.longest <= 6  # three new tokens, one of context, at most two held back
