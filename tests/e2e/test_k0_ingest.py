@@ -6,11 +6,19 @@ Two 384-token prompts run together with max_num_batched_tokens 128 and the sched
 
 from __future__ import annotations
 
+import threading
+import time
+
 import grpc
 import pytest
 from e2e_stack import running_stack, service_info
 
-from coordinator.client import GenerateParams, generate_concurrently
+from coordinator.client import (
+    Completion,
+    CoordinatorClient,
+    GenerateParams,
+    generate_concurrently,
+)
 from protos.specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 SCHEDULE = '{"num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 2, 0]]}'
@@ -26,13 +34,41 @@ def long_prompts(tokenizer, heldout) -> list[list[int]]:
     return long[:2]
 
 
+def run_in_order(address: str, prompts: list, params: list) -> list[Completion]:
+    """The first request, then the second once the first has been scheduled.
+
+    Arrival order decides which prompt is prefilled first, and with it the whole schedule;
+    a fixed order makes two runs (here: the incremental and the rebuilt draft) comparable.
+    The second arrives while the first is still prefilling (3 steps of 128 tokens), so the
+    two run together from the second's first chunk on.
+    """
+    outs: list[Completion | None] = [None, None]
+
+    def run(i: int) -> None:
+        with CoordinatorClient(address) as client:
+            outs[i] = client.generate(prompts[i], params[i], timeout=300)
+
+    with CoordinatorClient(address) as client:
+        steps = client.totals().num_steps
+        first = threading.Thread(target=run, args=(0,))
+        first.start()
+        while client.totals().num_steps == steps and first.is_alive():
+            time.sleep(0.002)
+        second = threading.Thread(target=run, args=(1,))
+        second.start()
+    first.join()
+    second.join()
+    assert all(outs), "a request failed"
+    return outs
+
+
 def run_pair(long_prompts, **stack_overrides):
     params = [GenerateParams(max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
     with running_stack(
         speculative_config=SCHEDULE, max_num_batched_tokens=128, **stack_overrides
     ) as stack:
         before = service_info(stack.draft_address, draft=True).num_ingest_plans
-        _, outs = generate_concurrently(stack.address, long_prompts, params)
+        outs = run_in_order(stack.address, long_prompts, params)
         plans_seen_by_draft = service_info(stack.draft_address, draft=True).num_ingest_plans
         baseline = None
         if stack.baseline_address:
