@@ -142,16 +142,28 @@ class PagedKVCache:
 
     # ---- data --------------------------------------------------------------------------
 
+    def slot_rows(self, slot_mapping: torch.Tensor) -> torch.Tensor:
+        """Where ``write`` stores the K, then the V, of each slot: int64 ``[2 * num_slots]``.
+
+        Rows of a layer viewed as ``[num_pages * 2 * page_size, num_kv_heads, head_dim]``:
+        slot ``s`` is K row ``(s // page_size) * 2 * page_size + s % page_size`` and its V
+        row is ``page_size`` further. The same for every layer, so compute it once a step.
+        """
+        slots = slot_mapping.to(device=self.device, dtype=torch.int64)
+        ps = self.page_size
+        k_rows = (slots // ps) * (2 * ps) + slots % ps
+        return torch.cat([k_rows, k_rows + ps])
+
     def write(
         self,
         layer: int,
-        slot_mapping: torch.Tensor,
+        rows: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
     ) -> None:
-        """Store ``k``, ``v`` ``[num_tokens, num_kv_heads, head_dim]`` at the given slots.
+        """Store ``k``, ``v`` ``[num_tokens, num_kv_heads, head_dim]`` at ``slot_rows(slots)``.
 
         FP8 caches store ``fp8(clamp(x / scale))``; others store the values cast to the
         cache dtype and ignore the scales.
@@ -164,16 +176,7 @@ class PagedKVCache:
         if is_fp8(self.dtype):
             k = quantize_fp8(k, k_scale, self.dtype)
             v = quantize_fp8(v, v_scale, self.dtype)
-        else:
-            k = k.to(self.dtype)
-            v = v.to(self.dtype)
-        slots = slot_mapping.to(device=self.device, dtype=torch.int64)
-        ps = self.page_size
-        # Row of slot s in the [num_pages * 2 * page_size] view: page s // ps, K at
-        # offset s % ps of its K half; V is page_size rows further.
-        k_rows = (slots // ps) * (2 * ps) + slots % ps
-        rows = torch.cat([k_rows, k_rows + ps])
-        data = torch.cat([k, v]).to(self.device)
+        data = torch.cat([k, v]).to(device=self.device, dtype=self.dtype)
         flat = self.kv_layers[layer].view(-1, self.num_kv_heads, self.head_dim)
         if is_fp8(self.dtype):
             # index_copy_ has no fp8 kernel on CPU; the bytes are what we copy anyway.

@@ -33,12 +33,13 @@ class ForwardContext(ABC):
 class PagedContext(ForwardContext):
     """Attention over the paged KV cache (``kernels.paged_kv_cache`` + an attention backend).
 
-    ``backend.plan`` has already been called for this step; ``k_scales`` / ``v_scales``
-    are the per-layer scales (1.0 when the cache is not FP8).
+    ``backend.plan`` has already been called for this step; ``write_rows`` is
+    ``cache.slot_rows`` of the step's slots; ``k_scales`` / ``v_scales`` are the per-layer
+    scales (1.0 when the cache is not FP8).
     """
 
     positions: torch.Tensor
-    slot_mapping: torch.Tensor
+    write_rows: torch.Tensor
     cache: object  # kernels.paged_kv_cache.PagedKVCache
     backend: object  # kernels.attention.AttentionBackend
     k_scales: tuple[float, ...]
@@ -47,7 +48,7 @@ class PagedContext(ForwardContext):
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_scale, v_scale = self.k_scales[layer], self.v_scales[layer]
-        self.cache.write(layer, self.slot_mapping, k, v, k_scale, v_scale)
+        self.cache.write(layer, self.write_rows, k, v, k_scale, v_scale)
         return self.backend.forward(
             layer, q, self.cache.kv_layers[layer], k_scale, v_scale, self.sm_scale
         )

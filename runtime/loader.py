@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from runtime.model import CausalLM, PackedLinear
+from runtime.model import CausalLM, Linear
 from runtime.model_config import ModelConfig
 
 # checkpoint module name -> (packed module name, shard id)
@@ -43,8 +43,6 @@ def build_model(
     with torch.device("meta"):
         model = CausalLM(config, max_positions)
     model = model.to_empty(device=device).to(dtype)
-    if config.tie_word_embeddings:  # to_empty breaks the tie; restore it
-        model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary_emb.init_buffers(device)
     return model
 
@@ -70,18 +68,18 @@ def load_weights(
             continue
         module_name, _, param_name = name.rpartition(".")
         parent, _, leaf = module_name.rpartition(".")
+        shard_id = ""
         if leaf in PACKED_MODULES_MAPPING:
             packed_leaf, shard_id = PACKED_MODULES_MAPPING[leaf]
-            packed_name = f"{parent}.{packed_leaf}"
-            module = modules.get(packed_name)
-            target = f"{packed_name}.{param_name}"
-            if not isinstance(module, PackedLinear) or target not in params:
-                raise ValueError(f"checkpoint tensor {name!r} has no parameter to load into")
-            module.load_shard(params[target], tensor, shard_id)
-            loaded.add(f"{target}:{shard_id}")
-            continue
-        if name not in params:
+            module_name = f"{parent}.{packed_leaf}"
+        module = modules.get(module_name)
+        target = f"{module_name}.{param_name}"
+        if target not in params or (shard_id and not isinstance(module, Linear)):
             raise ValueError(f"checkpoint tensor {name!r} has no parameter to load into")
+        if isinstance(module, Linear):
+            module.load(param_name, tensor, shard_id)
+            loaded.add(f"{target}:{shard_id}" if shard_id else target)
+            continue
         if params[name].shape != tensor.shape:
             raise ValueError(
                 f"{name}: expected {tuple(params[name].shape)}, got {tuple(tensor.shape)}"
@@ -102,8 +100,8 @@ def _expected_names(model: CausalLM) -> Iterator[str]:
             full = f"{module_name}.{param_name}" if module_name else param_name
             if tied and full == "lm_head.weight":
                 continue
-            if isinstance(module, PackedLinear):
-                yield from (f"{full}:{shard}" for shard in module.shards)
+            if isinstance(module, Linear):
+                yield from (f"{full}:{shard}" if shard else full for shard in module.shards)
             else:
                 yield full
 

@@ -230,7 +230,7 @@ class ModelRunner:
         k_scales, v_scales = self._step_scales
         ctx = PagedContext(
             positions=meta.positions,
-            slot_mapping=meta.slot_mapping,
+            write_rows=self.cache.slot_rows(meta.slot_mapping),
             cache=self.cache,
             backend=self.backend,
             k_scales=k_scales,

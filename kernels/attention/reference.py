@@ -1,11 +1,12 @@
 """PyTorch attention over the paged cache: the exact reference, and the CPU fast path.
 
-``plan`` turns the ragged batch into a padded ``[batch, max_kv]`` layout once per step:
-one gather index into the flattened page storage (ordered K/V, sequence, KV head,
-position, so the gather result is already in SDPA's layout) and one boolean mask that
-encodes padding and causality. ``forward`` is then, per layer, one ``index_select``, one
-dequantising cast and one batched ``scaled_dot_product_attention``, with the GQA group
-folded into the query-length dimension so K/V are never repeated per query head.
+``plan`` turns the ragged batch into a padded ``[batch, span]`` layout once per step
+(``span`` = the longest sequence's pages times the page size): one gather index of whole
+K and V page halves, and one additive mask that encodes padding and causality.
+``forward`` is then, per layer, one ``index_select`` of contiguous page halves (a few KB
+each, so the copy runs at memory speed), one dequantising cast, and one batched
+``scaled_dot_product_attention`` on a strided view of the gathered pages, with the GQA
+group folded into the query-length dimension so K/V are never repeated per query head.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from kernels.fp8 import fp8_to_float32, is_fp8
 class _Plan:
     batch: int
     max_q: int
-    max_kv: int
+    span: int
     num_qo_heads: int
     num_kv_heads: int
     group: int
     head_dim: int
-    kv_rows: torch.Tensor  # int64 [2 * batch * num_kv_heads * max_kv]
-    mask: torch.Tensor | None  # bool [batch, 1, group * max_q, max_kv]; None = all visible
+    page_halves: torch.Tensor  # int64 [2 * batch * span / page_size]: K halves, then V
+    mask: torch.Tensor | None  # float32 [batch, 1, group * max_q, span]; None = all visible
     q_index: torch.Tensor | None  # int64 [batch * max_q] into q rows (+1 zero row)
     out_index: torch.Tensor | None  # int64 [num_tokens] into the padded output rows
 
@@ -56,31 +57,30 @@ class ReferenceAttentionBackend(AttentionBackend):
         kv_lens = torch.tensor(meta.kv_lens, dtype=torch.int64, device=device)
         q_lens = torch.tensor(meta.query_lens, dtype=torch.int64, device=device)
 
-        # Page of every (sequence, position); padding positions read page 0 and are masked.
+        # Pages of every sequence, padded with page 0 (masked). In the layer storage
+        # [num_pages, 2, page_size, num_kv_heads, head_dim] viewed as [num_pages * 2, -1],
+        # row 2 * page holds the page's K and row 2 * page + 1 its V.
         max_pages = -(-max_kv // ps)
-        table = torch.zeros(batch, max_pages, dtype=torch.int64)
-        for i, pages in enumerate(meta.page_tables):
-            table[i, : len(pages)] = torch.tensor(pages, dtype=torch.int64)
-        table = table.to(device)
-        t = torch.arange(max_kv, device=device)
-        page = table[:, t // ps]  # [batch, max_kv]
-        # Row of (kv, page, offset, head) in kv_layer.view(-1, head_dim):
-        # ((page * 2 + kv) * page_size + offset) * num_kv_heads + head.
-        token_row = (page * (2 * ps) + t % ps) * num_kv_heads  # [batch, max_kv]
-        kv_part = torch.arange(2, device=device).view(2, 1, 1, 1) * (ps * num_kv_heads)
-        heads = torch.arange(num_kv_heads, device=device).view(1, 1, num_kv_heads, 1)
-        kv_rows = (token_row.view(1, batch, 1, max_kv) + kv_part + heads).reshape(-1)
+        span = max_pages * ps
+        padded = [list(pages) + [0] * (max_pages - len(pages)) for pages in meta.page_tables]
+        table = torch.tensor(padded, dtype=torch.int64, device=device)
+        page_halves = (
+            table.view(1, batch, max_pages) * 2 + torch.arange(2, device=device).view(2, 1, 1)
+        ).reshape(-1)
+        t = torch.arange(span, device=device)
 
         # Query t of sequence b sits at absolute position start_b + t and sees keys up to
         # it; padded query rows (t >= q_len) see all real keys, so no row is empty (NaN).
         q_t = torch.arange(max_q, device=device)
         start = (kv_lens - q_lens).view(batch, 1)
         limit = torch.minimum(start + q_t, kv_lens.view(batch, 1) - 1)  # [batch, max_q]
-        visible = t.view(1, 1, max_kv) <= limit.view(batch, max_q, 1)
+        visible = t.view(1, 1, span) <= limit.view(batch, max_q, 1)
         mask = None
         if not bool(visible.all()):
-            mask = visible.unsqueeze(1).expand(batch, group, max_q, max_kv)
-            mask = mask.reshape(batch, 1, group * max_q, max_kv).contiguous()
+            # Additive float32 (0 / -inf): SDPA would convert a boolean mask every layer.
+            hidden = (~visible).unsqueeze(1).expand(batch, group, max_q, span)
+            mask = torch.zeros(batch, 1, group * max_q, span, device=device)
+            mask.masked_fill_(hidden.reshape(batch, 1, group * max_q, span), float("-inf"))
 
         q_index = out_index = None
         if max_q > 1 and batch > 1 and any(n != max_q for n in meta.query_lens):
@@ -93,12 +93,12 @@ class ReferenceAttentionBackend(AttentionBackend):
         self._plan = _Plan(
             batch=batch,
             max_q=max_q,
-            max_kv=max_kv,
+            span=span,
             num_qo_heads=num_qo_heads,
             num_kv_heads=num_kv_heads,
             group=group,
             head_dim=head_dim,
-            kv_rows=kv_rows,
+            page_halves=page_halves,
             mask=mask,
             q_index=q_index,
             out_index=out_index,
@@ -116,16 +116,18 @@ class ReferenceAttentionBackend(AttentionBackend):
         p = self._plan
         if p is None:
             raise RuntimeError("ReferenceAttentionBackend.forward called before plan")
-        b, max_q, max_kv, d = p.batch, p.max_q, p.max_kv, p.head_dim
+        b, max_q, d = p.batch, p.max_q, p.head_dim
         hkv, g = p.num_kv_heads, p.group
+        halves = kv_layer.view(kv_layer.shape[0] * 2, -1)
         if is_fp8(kv_layer.dtype):
             # Gather the bytes, then dequantise only what was gathered (scales are folded
             # into the softmax scale and the output below).
-            rows = kv_layer.view(torch.uint8).view(-1, d).index_select(0, p.kv_rows)
-            kv = fp8_to_float32(rows.view(kv_layer.dtype))
+            gathered = halves.view(torch.uint8).index_select(0, p.page_halves)
+            kv = fp8_to_float32(gathered.view(kv_layer.dtype))
         else:
-            kv = kv_layer.view(-1, d).index_select(0, p.kv_rows).to(torch.float32)
-        kv = kv.view(2, b, hkv, max_kv, d)
+            kv = halves.index_select(0, p.page_halves).to(torch.float32)
+        # [2, b, span, hkv, d] -> [2, b, hkv, span, d]: a strided view, no copy.
+        kv = kv.view(2, b, p.span, hkv, d).transpose(2, 3)
 
         qf = q.to(torch.float32)
         if p.q_index is not None:

@@ -73,7 +73,8 @@ def build_ragged_batch(
         spans = list(zip(seq_ids_now, starts, counts, strict=True))
         ks = torch.cat([k[s][a : a + n] for s, a, n in spans])
         vs = torch.cat([v[s][a : a + n] for s, a, n in spans])
-        cache.write(0, slots, ks.to(q_dtype), vs.to(q_dtype), k_scale, v_scale)
+        rows = cache.slot_rows(slots)
+        cache.write(0, rows, ks.to(q_dtype), vs.to(q_dtype), k_scale, v_scale)
 
     for s in seq_ids:
         cache.open(s)

@@ -41,7 +41,7 @@ def test_write_stores_k_and_v_at_their_slots():
     cache.open("a")
     slots = cache.reserve(["a"], [6])
     k = torch.arange(6 * 6, dtype=torch.float32).view(6, 2, 3)
-    cache.write(1, slots, k, -k)
+    cache.write(1, cache.slot_rows(slots), k, -k)
     layer = cache.kv_layers[1]
     torch.testing.assert_close(layer[0, 0], k[:4])  # page 0, K
     torch.testing.assert_close(layer[1, 0, :2], k[4:])  # page 1, K
@@ -54,7 +54,7 @@ def test_fp8_write_quantises_with_the_layer_scales():
     cache.open("a")
     slots = cache.reserve(["a"], [2])
     k = torch.tensor([0.5, -1.0, 2.0]).repeat(2, 2, 1)
-    cache.write(0, slots, k, 4 * k, k_scale=0.5, v_scale=2.0)
+    cache.write(0, cache.slot_rows(slots), k, 4 * k, k_scale=0.5, v_scale=2.0)
     stored_k = cache.kv_layers[0][0, 0, :2]
     stored_v = cache.kv_layers[0][0, 1, :2]
     torch.testing.assert_close(stored_k.float(), k / 0.5)

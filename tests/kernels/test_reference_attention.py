@@ -99,7 +99,7 @@ def test_out_of_range_kv_saturates_instead_of_nan(ragged_batch, kv_dtype):
     # Write values 10x past the representable range (scale 1): they must clamp to +-max.
     huge = torch.full((1, 2, 16), 10 * fp8_max(kv_dtype))
     slot = batch.meta.slot_mapping[:1]
-    batch.cache.write(0, slot, huge, -huge, 1.0, 1.0)
+    batch.cache.write(0, batch.cache.slot_rows(slot), huge, -huge, 1.0, 1.0)
     row = batch.cache.kv_layers[0].view(-1, 2, 16)
     stored = row.float()
     assert not torch.isnan(stored).any() and torch.isfinite(stored).all()
