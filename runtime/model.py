@@ -66,10 +66,14 @@ class Linear(nn.Module):
             )
         target.copy_(tensor)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.bias is None:
-            return torch.mm(x, self.weight)
-        return torch.addmm(self.bias, x, self.weight)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ weight (+ bias) (+ residual)``; the residual add rides in the matmul."""
+        if residual is None:
+            if self.bias is None:
+                return torch.mm(x, self.weight)
+            return torch.addmm(self.bias, x, self.weight)
+        out = torch.addmm(residual, x, self.weight)
+        return out if self.bias is None else out.add_(self.bias)
 
 
 class Attention(nn.Module):
@@ -103,8 +107,14 @@ class Attention(nn.Module):
             )
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        ctx: ForwardContext,
+        residual: torch.Tensor,
     ) -> torch.Tensor:
+        """``residual + attention(x)``."""
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x).view(num_tokens, -1, self.head_dim)
         qk, v = qkv.split((self.num_heads + self.num_kv_heads, self.num_kv_heads), dim=1)
@@ -113,7 +123,7 @@ class Attention(nn.Module):
         qk = apply_rotary(qk, cos, sin)
         q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
         out = ctx.attend(self.layer_idx, q, k, v)
-        return self.o_proj(out.reshape(num_tokens, -1))
+        return self.o_proj(out.reshape(num_tokens, -1), residual)
 
 
 class MLP(nn.Module):
@@ -123,9 +133,10 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(config.hidden_size, {"gate": size, "up": size}, config.mlp_bias)
         self.down_proj = Linear(size, config.hidden_size, config.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + mlp(x)``."""
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate) * up, residual)
 
 
 class DecoderLayer(nn.Module):
@@ -139,8 +150,8 @@ class DecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = self.self_attn(self.input_layernorm(x), cos, sin, ctx, residual=x)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
 class DecoderModel(nn.Module):

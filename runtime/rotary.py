@@ -34,7 +34,7 @@ class RotaryEmbedding(nn.Module):
     """Holds a ``[max_positions, head_dim]`` cos/sin table; ``lookup`` gathers once per step.
 
     ``sin_signed`` folds the sign of ``rotate_half`` into the table so applying RoPE is
-    ``x * cos + roll(x, head_dim // 2) * sin_signed``: three elementwise ops per tensor.
+    ``x * cos + roll(x, head_dim // 2) * sin_signed``: three elementwise kernels per tensor.
     """
 
     def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int) -> None:
@@ -71,4 +71,4 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """RoPE for ``x [T, H, D]`` (rotate-half convention, as Llama / Qwen3 checkpoints use)."""
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
