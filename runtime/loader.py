@@ -77,7 +77,10 @@ def load_weights(
         if target not in params or (shard_id and not isinstance(module, Linear)):
             raise ValueError(f"checkpoint tensor {name!r} has no parameter to load into")
         if isinstance(module, Linear):
-            module.load(param_name, tensor, shard_id)
+            try:
+                module.load(param_name, tensor, shard_id)
+            except ValueError as error:
+                raise ValueError(f"{name}: {error}") from None
             loaded.add(f"{target}:{shard_id}" if shard_id else target)
             continue
         if params[name].shape != tensor.shape:

@@ -68,6 +68,20 @@ def test_llama3_rope_scaling_matches_transformers(tmp_path, tiny_checkpoint):
     assert (ours - ref).abs().max().item() < 1e-4
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_biases_and_tied_head_match_transformers(tmp_path, tiny_checkpoint, tied):
+    path = tiny_checkpoint(
+        tmp_path, "llama", attention_bias=True, mlp_bias=True, tie_word_embeddings=tied
+    )
+    runner = ModelRunner.from_pretrained(path, num_pages=32)
+    assert runner.model.model.layers[0].mlp.down_proj.bias is not None
+    ours = [prefill(runner, "s", PROMPT)]
+    ours.append(runner.extend([SequenceChunk("s", [9])])[0])
+    with torch.no_grad():
+        ref = hf_model(path)(torch.tensor([PROMPT + [9]])).logits[0]
+    assert (torch.cat(ours) - ref).abs().max().item() < 1e-4
+
+
 def test_runner_reports_checkpoint_facts(qwen3_path):
     runner = ModelRunner.from_pretrained(qwen3_path, num_pages=8, max_model_len=128)
     assert runner.vocab_size == 256
