@@ -17,19 +17,25 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
 @torch.no_grad()
+def timed_greedy(model, input_ids: torch.Tensor, new_tokens: int, **kwargs):
+    """``(seconds, output ids)`` of a greedy ``generate`` of exactly ``new_tokens`` tokens."""
+    start = time.perf_counter()
+    out = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        **kwargs,
+    )
+    return time.perf_counter() - start, out
+
+
 def tok_s(target, prompts: list[torch.Tensor], new_tokens: int, **kwargs) -> float:
     generated, seconds = 0, 0.0
     for ids in prompts:
-        start = time.perf_counter()
-        out = target.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            **kwargs,
-        )
-        seconds += time.perf_counter() - start
+        elapsed, out = timed_greedy(target, ids, new_tokens, **kwargs)
+        seconds += elapsed
         generated += out.shape[1] - ids.shape[1]
     return generated / seconds
 

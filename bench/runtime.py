@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # This file is named like the package it measures: put the package first on the path.
 sys.path.insert(0, str(ROOT))
 
+from hf_generate import timed_greedy  # noqa: E402 (beside this file)
+
 from runtime import ModelRunner, SequenceChunk  # noqa: E402
 
 MODELS_DIR = ROOT / "models"
@@ -78,17 +80,7 @@ def run_ours(runner: ModelRunner, batch: int, new_tokens: int) -> tuple[float, l
 
 def run_hf(model, batch: int, new_tokens: int, vocab: int) -> tuple[float, list[list[int]]]:
     input_ids = torch.tensor(prompts(batch, vocab))
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(
-            input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            do_sample=False,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            pad_token_id=0,
-        )
-    elapsed = time.perf_counter() - start
+    elapsed, out = timed_greedy(model, input_ids, new_tokens, pad_token_id=0)
     return elapsed, out[:, PROMPT_LEN:].tolist()
 
 
