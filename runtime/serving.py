@@ -26,6 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from kernels.attention import ATTENTION_BACKENDS
 from kernels.fp8 import KV_CACHE_DTYPES
 from kernels.paged_kv_cache import OutOfPagesError
 from kernels.sampling import logits_to_probs
@@ -66,6 +67,13 @@ class ServiceConfig:
     kv_cache_memory_bytes: int | None = field(default=None, metadata={"help": "KV budget"})
     max_model_len: int | None = field(default=None, metadata={"help": "default: checkpoint's"})
     device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:1, ..."})
+    attention_backend: str = field(
+        default="auto",
+        metadata={
+            "choices": ATTENTION_BACKENDS,
+            "help": "auto: flashinfer on CUDA, the C kernel (cpu) on the CPU, else reference",
+        },
+    )
     grace_s: float = field(default=5.0, metadata={"help": "drain time on SIGTERM"})
     num_threads: int = field(
         default=0, metadata={"help": "torch intra-op threads for model work (0: all cores)"}
@@ -81,6 +89,7 @@ class ServiceConfig:
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
             max_model_len=self.max_model_len,
             device=self.device,
+            attention_backend=self.attention_backend,
         )
 
     @classmethod

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from kernels.attention.base import AttentionBackend, AttentionMetadata, build_attention_metadata
 from kernels.attention.reference import ReferenceAttentionBackend
 
-ATTENTION_BACKENDS = ("auto", "reference", "flashinfer")
+log = logging.getLogger(__name__)
+
+ATTENTION_BACKENDS = ("auto", "reference", "cpu", "flashinfer")
 
 __all__ = [
     "ATTENTION_BACKENDS",
@@ -34,25 +38,51 @@ def flashinfer_available(device: str | torch.device = "cuda") -> bool:
 def create_attention_backend(
     name: str = "auto", device: str | torch.device = "cpu"
 ) -> AttentionBackend:
-    """``"reference"`` | ``"flashinfer"`` | ``"auto"`` (FlashInfer when it can run here).
+    """``"reference"`` | ``"cpu"`` | ``"flashinfer"`` | ``"auto"``.
 
-    ValueError for an unknown name, RuntimeError when FlashInfer is asked for and cannot
-    run (no CUDA device, or the package is not installed).
+    ``auto`` takes FlashInfer on CUDA when it is installed, else the C kernel backend on
+    the CPU when it builds here (a warning names the reason when it does not), else the
+    reference. ValueError for an unknown name; RuntimeError when ``flashinfer`` is asked
+    for and cannot run (no CUDA device, or the package is not installed);
+    ``NativeBuildError`` when ``cpu`` is asked for and its kernel cannot be built.
     """
     if name not in ATTENTION_BACKENDS:
         raise ValueError(
             f"unknown attention backend {name!r}; expected one of {', '.join(ATTENTION_BACKENDS)}"
         )
+    device = torch.device(device)
     if name == "auto":
-        name = "flashinfer" if flashinfer_available(device) else "reference"
+        if flashinfer_available(device):
+            name = "flashinfer"
+        elif device.type == "cpu":
+            return _cpu_backend_or_reference()
+        else:
+            name = "reference"
     if name == "reference":
         return ReferenceAttentionBackend()
+    if name == "cpu":
+        if device.type != "cpu":
+            raise ValueError(f"attention backend 'cpu' runs on the CPU, not on {device}")
+        from kernels.attention.cpu_backend import CpuAttentionBackend
+
+        return CpuAttentionBackend()
     if not flashinfer_available(device):
         raise RuntimeError(
             f"attention backend 'flashinfer' needs a CUDA device and the flashinfer package "
-            f"(pip install flashinfer-python); device is {device!r}, CUDA available: "
-            f"{torch.cuda.is_available()}. Use the 'reference' backend instead."
+            f"(pip install flashinfer-python); device is {str(device)!r}, CUDA available: "
+            f"{torch.cuda.is_available()}. Use the 'cpu' or 'reference' backend instead."
         )
     from kernels.attention.flashinfer_backend import FlashInferAttentionBackend
 
     return FlashInferAttentionBackend(device)
+
+
+def _cpu_backend_or_reference() -> AttentionBackend:
+    from kernels.attention.cpu_backend import CpuAttentionBackend
+    from kernels.native import NativeBuildError
+
+    try:
+        return CpuAttentionBackend()
+    except NativeBuildError as exc:
+        log.warning("CPU attention kernel unavailable, using the reference backend: %s", exc)
+        return ReferenceAttentionBackend()

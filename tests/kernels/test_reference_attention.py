@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from kernels.attention import ReferenceAttentionBackend, create_attention_backend
+from kernels.attention import ReferenceAttentionBackend
 from kernels.fp8 import fp8_max
 
 # A prefill chunk behind a 5-token cached prefix, a decode token, a 1+3 verify segment;
@@ -107,16 +107,3 @@ def test_out_of_range_kv_saturates_instead_of_nan(ragged_batch, kv_dtype):
     assert float(stored.min()) == -fp8_max(kv_dtype)
     out, _ = run_reference(batch)
     assert torch.isfinite(out).all()
-
-
-def test_factory_picks_reference_on_cpu_and_rejects_unknown_names():
-    assert isinstance(create_attention_backend("auto", "cpu"), ReferenceAttentionBackend)
-    assert isinstance(create_attention_backend("reference"), ReferenceAttentionBackend)
-    with pytest.raises(ValueError, match="flashinfer"):
-        create_attention_backend("flash")
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
-def test_factory_explains_why_flashinfer_cannot_run_without_cuda():
-    with pytest.raises(RuntimeError, match="CUDA"):
-        create_attention_backend("flashinfer", "cpu")

@@ -23,8 +23,11 @@ def checkpoint(request, qwen3_path, llama_path):
     return qwen3_path if request.param == "qwen3" else llama_path
 
 
-def test_prefill_and_decode_logits_match_transformers(checkpoint):
-    runner = ModelRunner.from_pretrained(checkpoint, num_pages=32)
+@pytest.mark.parametrize("attention_backend", ["cpu", "reference"])
+def test_prefill_and_decode_logits_match_transformers(checkpoint, attention_backend):
+    runner = ModelRunner.from_pretrained(
+        checkpoint, num_pages=32, attention_backend=attention_backend
+    )
     decode_tokens = [9, 33, 180, 2, 77, 150]
     ours = [prefill(runner, "s", PROMPT)]
     for token in decode_tokens:
@@ -38,8 +41,11 @@ def test_prefill_and_decode_logits_match_transformers(checkpoint):
     assert (ours - ref).abs().max().item() < 1e-4
 
 
-def test_greedy_64_tokens_equal_transformers_generate(checkpoint):
-    runner = ModelRunner.from_pretrained(checkpoint, num_pages=32)
+@pytest.mark.parametrize("attention_backend", ["cpu", "reference"])
+def test_greedy_64_tokens_equal_transformers_generate(checkpoint, attention_backend):
+    runner = ModelRunner.from_pretrained(
+        checkpoint, num_pages=32, attention_backend=attention_backend
+    )
     ours = greedy(runner, "s", PROMPT, 64)
     with torch.no_grad():
         out = hf_model(checkpoint).generate(

@@ -12,9 +12,11 @@ TOKENS = [(7 * i + 3) % 256 for i in range(45)]
 TOL = 1e-5
 
 
-@pytest.fixture
-def runner(qwen3_path):
-    return ModelRunner.from_pretrained(qwen3_path, num_pages=64, page_size=4)
+@pytest.fixture(params=["cpu", "reference"])
+def runner(request, qwen3_path):
+    return ModelRunner.from_pretrained(
+        qwen3_path, num_pages=64, page_size=4, attention_backend=request.param
+    )
 
 
 def test_kv_after_many_small_extends_equals_one_prefill(runner):
