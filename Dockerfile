@@ -67,6 +67,10 @@ ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # Project extras for the install, e.g. "gpu" (flashinfer-python).
 ARG EXTRAS=""
+# A C compiler for the CPU attention kernel (kernels/csrc), built when first needed.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 # Torch first, from its own index, so the project's `torch>=2.4` is already satisfied below.
 RUN pip install --index-url "$TORCH_INDEX_URL" "torch==$TORCH_VERSION"
 COPY pyproject.toml ./
@@ -89,6 +93,8 @@ WORKDIR /app
 COPY models/target models/target
 COPY models/draft models/draft
 USER specdec
+# Build the CPU attention kernel into the user's cache now, not at the first request.
+RUN python -c "from kernels.native import load_library; load_library()"
 EXPOSE 50051 50052
 CMD ["python", "-m", "target_service", "--model", "models/target", \
      "--host", "0.0.0.0", "--port", "50052"]

@@ -1,6 +1,6 @@
 """Greedy decode throughput: specdec's runtime vs ``transformers`` on the same checkpoint.
 
-    python bench/runtime.py [--model PATH] [--json] [--new-tokens 128]
+    python bench/runtime.py [--model PATH] [--json] [--new-tokens 128] [--attention-backend B]
 
 Batch 1 and batch 8 (eight prompts of equal length, so HF needs no padding), float32,
 ``auto`` KV cache; each engine's best of ``--rounds`` alternating rounds. Default model:
@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from hf_generate import timed_greedy  # noqa: E402 (beside this file)
 
+from kernels.attention import ATTENTION_BACKENDS  # noqa: E402
 from runtime import ModelRunner, SequenceChunk  # noqa: E402
 
 MODELS_DIR = ROOT / "models"
@@ -85,7 +86,7 @@ def run_hf(model, batch: int, new_tokens: int, vocab: int) -> tuple[float, list[
 
 
 def bench(
-    model_path: Path, new_tokens: int, rounds: int
+    model_path: Path, new_tokens: int, rounds: int, attention_backend: str = "auto"
 ) -> tuple[dict[str, float], dict[int, str]]:
     from transformers import AutoModelForCausalLM
 
@@ -94,7 +95,9 @@ def bench(
     ).eval()
     vocab = hf.config.vocab_size
     pages_per_seq = -(-(PROMPT_LEN + new_tokens) // 16)
-    runner = ModelRunner.from_pretrained(model_path, num_pages=8 * pages_per_seq + 8)
+    runner = ModelRunner.from_pretrained(
+        model_path, num_pages=8 * pages_per_seq + 8, attention_backend=attention_backend
+    )
     run_ours(runner, 1, 4)  # warm-up
     run_hf(hf, 1, 4, vocab)
     results: dict[str, float] = {}
@@ -131,6 +134,12 @@ def main(argv: list[str] | None = None) -> None:
         help="torch intra-op threads for both engines (1: on a small shared machine more "
         "threads stall each other far more than they help)",
     )
+    parser.add_argument(
+        "--attention-backend",
+        choices=ATTENTION_BACKENDS,
+        default="auto",
+        help="our runtime's attention (auto: the C kernel on the CPU)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -141,14 +150,15 @@ def main(argv: list[str] | None = None) -> None:
             model_path = target if (target / "config.json").is_file() else None
         if model_path is None:
             model_path = build_random_qwen3(Path(tmp) / "qwen3-20m")
-        results, agreement = bench(model_path, args.new_tokens, args.rounds)
+        results, agreement = bench(model_path, args.new_tokens, args.rounds, args.attention_backend)
 
     if args.json:
         print(json.dumps(results))
         return
     print(
         f"model: {model_path}  greedy, {args.new_tokens} new tokens, float32, auto KV, "
-        f"{args.threads} thread(s), best of {args.rounds} alternating rounds"
+        f"{args.attention_backend} attention, {args.threads} thread(s), best of {args.rounds} "
+        f"alternating rounds"
     )
     print(f"{'batch':>5} {'ours tok/s':>11} {'hf tok/s':>9} {'speed-up':>9}  same output")
     for batch in (1, 8):
