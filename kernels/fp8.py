@@ -63,19 +63,25 @@ def dequantize_fp8(
 _FLOAT32_TABLES: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
 
+def fp8_code_table(dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """float32 ``[256]``: the value of each byte code of an FP8 dtype (cached)."""
+    key = (dtype, torch.device(device))
+    table = _FLOAT32_TABLES.get(key)
+    if table is None:
+        codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+        table = _FLOAT32_TABLES[key] = codes.view(dtype).to(torch.float32).to(key[1])
+    return table
+
+
 def fp8_to_float32(x8: torch.Tensor) -> torch.Tensor:
     """Exact ``x8.to(torch.float32)``, fast on CPU.
 
     PyTorch's CPU fp8 cast converts element by element (~5x slower than a gather), which
     would dominate CPU decode. An FP8 byte has only 256 values, so on CPU we look them up
-    in a 256-entry float32 table instead; other devices use the native cast.
+    in :func:`fp8_code_table` instead; other devices use the native cast.
     """
     if x8.device.type != "cpu":
         return x8.to(torch.float32)
-    key = (x8.dtype, x8.device)
-    table = _FLOAT32_TABLES.get(key)
-    if table is None:
-        codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
-        table = _FLOAT32_TABLES[key] = codes.view(x8.dtype).to(torch.float32)
+    table = fp8_code_table(x8.dtype, x8.device)
     codes = x8.contiguous().view(torch.uint8).reshape(-1).to(torch.int32)
     return table.index_select(0, codes).view(x8.shape)

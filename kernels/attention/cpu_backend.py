@@ -17,21 +17,16 @@ import torch
 
 from kernels.attention.base import AttentionBackend, AttentionMetadata, check_heads
 from kernels.attention.reference import ReferenceAttentionBackend
-from kernels.fp8 import fp8_to_float32, is_fp8
+from kernels.fp8 import fp8_code_table, is_fp8
 from kernels.native import load_library
 
 _KINDS = {torch.float32: 0, torch.bfloat16: 1}
 _BYTE_TABLE = 2
 
 # Query rows per KV head (longest segment x GQA group) up to which the kernel beats the
-# gather + SDPA path: at 8 rows it took 0.4-0.9x the reference's time, at 16 rows
+# gather + SDPA path: at 2 to 8 rows it took 0.4-0.9x the reference's time, at 16 rows
 # 1.1-1.3x (batch 8, 100 and 1000 cached tokens, one thread).
 NATIVE_MAX_ROWS = 12
-
-
-def _byte_table(dtype: torch.dtype) -> torch.Tensor:
-    """float32 value of each of the 256 codes of an FP8 dtype."""
-    return fp8_to_float32(torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype))
 
 
 @dataclass(frozen=True)
@@ -62,7 +57,6 @@ class CpuAttentionBackend(AttentionBackend):
         self._kernel = load_library().specdec_paged_attention
         self.native_max_rows = native_max_rows
         self._reference = ReferenceAttentionBackend()
-        self._tables: dict[torch.dtype, torch.Tensor] = {}
         self._planned = False
         self._plan: _Plan | None = None  # None: the planned step goes to the reference
 
@@ -92,6 +86,12 @@ class CpuAttentionBackend(AttentionBackend):
             self._reference.plan(meta, num_qo_heads, num_kv_heads, head_dim, q_dtype, kv_dtype)
             return
         page_indices = meta.kv_indices.to(torch.int64)
+        spans = zip(meta.kv_indptr.diff().tolist(), meta.query_lens, meta.kv_lens, strict=True)
+        if any(n * meta.page_size < kv or q > kv for n, q, kv in spans):
+            raise ValueError(
+                "attention metadata is inconsistent: every sequence needs query_len <= kv_len "
+                "and pages for all kv_len tokens (build it with build_attention_metadata)"
+            )
         self._plan = _Plan(
             batch=meta.batch_size,
             num_tokens=meta.num_tokens,
@@ -138,9 +138,7 @@ class CpuAttentionBackend(AttentionBackend):
         table = None
         if is_fp8(p.kv_dtype):
             kind = _BYTE_TABLE
-            table = self._tables.get(p.kv_dtype)
-            if table is None:
-                table = self._tables[p.kv_dtype] = _byte_table(p.kv_dtype)
+            table = fp8_code_table(p.kv_dtype)
         else:
             kind = _KINDS[p.kv_dtype]
         qf = q.to(torch.float32).contiguous()

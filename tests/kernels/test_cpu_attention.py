@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -123,3 +124,6 @@ def test_bad_calls_are_refused_before_the_kernel_reads_memory(ragged_batch):
         backend.forward(0, batch.q, layer.to(torch.bfloat16), 1.0, 1.0, 0.25)
     with pytest.raises(ValueError, match="cannot read"):
         backend.plan(batch.meta, 6, 2, 16, torch.float32, torch.float16)
+    short_table = dataclasses.replace(batch.meta, kv_lens=(99, *batch.meta.kv_lens[1:]))
+    with pytest.raises(ValueError, match="inconsistent"):
+        backend.plan(short_table, 6, 2, 16, torch.float32, torch.float32)
