@@ -1,11 +1,11 @@
 """The CPU kernels in ``kernels/csrc``: compiled on first use with the system C compiler.
 
-A single C file with no Python or torch headers compiles in about a second, so it is built
-where it runs (as FlashInfer and Triton JIT-compile theirs) rather than at install time,
-and loaded with ``ctypes``. The shared library is cached under ``$SPECDEC_CACHE_DIR``
-(default ``~/.cache/specdec``), keyed by a hash of the source, the compiler and the flags;
-``CC`` picks the compiler (default ``cc``). Function multiversioning inside the source
-selects AVX-512, AVX2 or baseline code for the CPU it runs on.
+Plain C files with no Python or torch headers compile in about a second, so they are
+built where they run (as FlashInfer and Triton JIT-compile theirs) rather than at install
+time, into one shared library loaded with ``ctypes``. It is cached under
+``$SPECDEC_CACHE_DIR`` (default ``~/.cache/specdec``), keyed by a hash of the sources, the
+compiler and the flags; ``CC`` picks the compiler (default ``cc``). Function
+multiversioning in the sources selects AVX-512, AVX2 or baseline code for the CPU.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
-# Reassociation lets the dot products and the softmax sums vectorise; the kernel keeps
+CSRC = Path(__file__).with_name("csrc")
+# Reassociation lets the dot products and the softmax sums vectorise; the kernels keep
 # every value finite (no infinities, no NaN tests). Compiling and linking apart keeps
 # -ffast-math's start-up object, which would flush denormals process-wide, out of the
 # library.
@@ -38,6 +38,15 @@ CFLAGS = (
     "-ffinite-math-only",
 )
 
+_P, _I32, _I64, _F32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+# The exported functions: name -> argument types (all return int or nothing).
+SIGNATURES: dict[str, list[type]] = {
+    "specdec_paged_attention": [_P, _I64, _P, _I32, _P, *[_P] * 4, *[_I32] * 5, _F32, _F32, _P],
+    "specdec_rms_norm": [_P, _I64, _P, _F32, _P, _I64, _I64, _I32],
+    "specdec_qk_norm_rope": [_P, _I64, _I64, _I32, _I32, _P, _F32, _P, _P, _P],
+    "specdec_silu_and_mul": [_P, _I64, _I32, _P],
+}
+
 
 class NativeBuildError(RuntimeError):
     """The C kernels could not be compiled or loaded here (no compiler, or it failed)."""
@@ -48,33 +57,35 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SPECDEC_CACHE_DIR") or default) / "native"
 
 
-def build_library(compiler: str, source: Path = SOURCE) -> Path:
-    """Compile ``source`` into the cache (unless an identical build is there); its path."""
-    parts = [source.read_bytes(), compiler.encode(), *map(str.encode, CFLAGS)]
-    key = hashlib.sha256(b"\0".join([*parts, platform.machine().encode()])).hexdigest()[:16]
-    target = cache_dir() / f"{source.stem}-{key}.so"
+def build_library(compiler: str, folder: Path = CSRC) -> Path:
+    """Compile ``folder/*.c`` into one library in the cache (unless an identical build is
+    there); return its path."""
+    sources = sorted(folder.glob("*.c"))
+    inputs = sorted([*sources, *folder.glob("*.h")])
+    parts = [p.name.encode() + p.read_bytes() for p in inputs]
+    parts += [compiler.encode(), *map(str.encode, CFLAGS), platform.machine().encode()]
+    key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+    target = cache_dir() / f"specdec_kernels-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Compile beside the target and rename: concurrent builders never see a partial file.
-    fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        obj = partial[: -len(".so")] + ".o"
-        for command in (
-            [compiler, *CFLAGS, "-c", str(source), "-o", obj],
-            [compiler, "-shared", obj, "-o", partial, "-lm"],
-        ):
+    # Build in a scratch folder beside the target, then rename: concurrent builders never
+    # see a partial file.
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        objects = [str(Path(scratch) / f"{src.stem}.o") for src in sources]
+        partial = str(Path(scratch) / target.name)
+        commands = [
+            [compiler, *CFLAGS, "-c", str(src), "-o", obj]
+            for src, obj in zip(sources, objects, strict=True)
+        ]
+        commands.append([compiler, "-shared", *objects, "-o", partial, "-lm"])
+        for command in commands:
             result = subprocess.run(command, capture_output=True, text=True, check=False)
             if result.returncode != 0:
                 raise NativeBuildError(
-                    f"building {source.name} failed: {' '.join(command)}\n{result.stderr.strip()}"
+                    f"building the CPU kernels failed: {' '.join(command)}\n{result.stderr.strip()}"
                 )
         os.replace(partial, target)
-    finally:
-        for leftover in (partial, partial[: -len(".so")] + ".o"):
-            if os.path.exists(leftover):
-                os.unlink(leftover)
     return target
 
 
@@ -84,28 +95,18 @@ def load_library() -> ctypes.CDLL:
     compiler = os.environ.get("CC", "cc")
     if shutil.which(compiler) is None:
         raise NativeBuildError(
-            f"no C compiler {compiler!r} on PATH to build the CPU attention kernel; install "
-            f"one (e.g. apt-get install gcc), set CC, or use the 'reference' attention backend"
+            f"no C compiler {compiler!r} on PATH to build the CPU kernels; install one "
+            f"(e.g. apt-get install gcc), set CC, or use the 'reference' attention backend"
         )
     try:
         lib = ctypes.CDLL(str(build_library(compiler)))
     except OSError as exc:  # unwritable cache, unloadable library
         raise NativeBuildError(
-            f"cannot build or load the CPU attention kernel in {cache_dir()}: {exc}; set "
+            f"cannot build or load the CPU kernels in {cache_dir()}: {exc}; set "
             f"SPECDEC_CACHE_DIR to a writable folder or use the 'reference' attention backend"
         ) from exc
-    fn = lib.specdec_paged_attention
-    pointer, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    fn.argtypes = [
-        pointer,
-        pointer,
-        i32,
-        pointer,
-        *([pointer] * 4),
-        *([i32] * 5),
-        f32,
-        f32,
-        pointer,
-    ]
-    fn.restype = i32
+    for name, argtypes in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = ctypes.c_int if name == "specdec_paged_attention" else None
     return lib

@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels import dense_ops
 from runtime.context import ForwardContext
 from runtime.model_config import ModelConfig
-from runtime.rotary import RotaryEmbedding, apply_rotary
+from runtime.rotary import RotaryEmbedding, RotaryStep, apply_rotary
 
 
 class RMSNorm(nn.Module):
@@ -23,8 +24,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.cpu_kernels = False  # CausalLM.use_cpu_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cpu_kernels:
+            return dense_ops.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
@@ -95,6 +99,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(d, config.rms_norm_eps)
             self.k_norm = RMSNorm(d, config.rms_norm_eps)
             self.register_buffer("qk_norm_weight", torch.empty(0), persistent=False)
+        self.cpu_kernels = False  # CausalLM.use_cpu_kernels
 
     def finalize(self) -> None:
         """After loading: fuse q_norm / k_norm weights so q and k are normed in one op."""
@@ -107,21 +112,25 @@ class Attention(nn.Module):
             )
 
     def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        ctx: ForwardContext,
-        residual: torch.Tensor,
+        self, x: torch.Tensor, rope: RotaryStep, ctx: ForwardContext, residual: torch.Tensor
     ) -> torch.Tensor:
         """``residual + attention(x)``."""
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x).view(num_tokens, -1, self.head_dim)
-        qk, v = qkv.split((self.num_heads + self.num_kv_heads, self.num_kv_heads), dim=1)
-        if self.qk_norm:
-            qk = F.rms_norm(qk, (self.head_dim,), None, self.q_norm.eps) * self.qk_norm_weight
-        qk = apply_rotary(qk, cos, sin)
-        q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
+        num_qk = self.num_heads + self.num_kv_heads
+        if rope.positions is not None:  # q/k norm and RoPE in one C call, in place
+            norm_weight = self.qk_norm_weight if self.qk_norm else None
+            eps = self.q_norm.eps if self.qk_norm else 0.0
+            dense_ops.qk_norm_rope_(
+                qkv, num_qk, norm_weight, eps, rope.cos, rope.sin_signed, rope.positions
+            )
+            q, k, v = qkv.split((self.num_heads, self.num_kv_heads, self.num_kv_heads), dim=1)
+        else:
+            qk, v = qkv.split((num_qk, self.num_kv_heads), dim=1)
+            if self.qk_norm:
+                qk = F.rms_norm(qk, (self.head_dim,), None, self.q_norm.eps) * self.qk_norm_weight
+            qk = apply_rotary(qk, rope.cos, rope.sin_signed)
+            q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
         out = ctx.attend(self.layer_idx, q, k, v)
         return self.o_proj(out.reshape(num_tokens, -1), residual)
 
@@ -132,10 +141,14 @@ class MLP(nn.Module):
         size = config.intermediate_size
         self.gate_up_proj = Linear(config.hidden_size, {"gate": size, "up": size}, config.mlp_bias)
         self.down_proj = Linear(size, config.hidden_size, config.mlp_bias)
+        self.cpu_kernels = False  # CausalLM.use_cpu_kernels
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual + mlp(x)``."""
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.cpu_kernels:
+            return self.down_proj(dense_ops.silu_and_mul(gate_up), residual)
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up, residual)
 
 
@@ -147,10 +160,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext
-    ) -> torch.Tensor:
-        x = self.self_attn(self.input_layernorm(x), cos, sin, ctx, residual=x)
+    def forward(self, x: torch.Tensor, rope: RotaryStep, ctx: ForwardContext) -> torch.Tensor:
+        x = self.self_attn(self.input_layernorm(x), rope, ctx, residual=x)
         return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
@@ -161,12 +172,13 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.rope, config.head_dim, max_positions)
+        self.cpu_kernels = False  # CausalLM.use_cpu_kernels
 
     def forward(self, input_ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb.lookup(ctx.positions, x.dtype)
+        rope = self.rotary_emb.for_step(ctx.positions, x.dtype, in_kernel=self.cpu_kernels)
         for layer in self.layers:
-            x = layer(x, cos, sin, ctx)
+            x = layer(x, rope, ctx)
         return self.norm(x)
 
 
@@ -184,6 +196,16 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+    def use_cpu_kernels(self, enabled: bool) -> bool:
+        """Run RMSNorm, q/k norm + RoPE and SiLU-and-mul as C kernels (``kernels.dense_ops``)
+        when ``enabled`` and the model is float32 on the CPU with the kernels built; else
+        PyTorch. Returns whether they are on."""
+        on = enabled and dense_ops.available(self.lm_head.weight)
+        for module in self.modules():
+            if hasattr(module, "cpu_kernels"):
+                module.cpu_kernels = on
+        return on
 
     def finalize(self) -> None:
         """After loading: tie ``lm_head`` to the embeddings (a transposed copy) if asked."""

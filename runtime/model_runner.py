@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from kernels.attention import build_attention_metadata, create_attention_backend
+from kernels.attention.cpu_backend import CpuAttentionBackend
 from kernels.fp8 import is_fp8
 from kernels.paged_kv_cache import PagedKVCache
 from runtime.config import RuntimeConfig
@@ -52,6 +53,9 @@ class ModelRunner:
             device=self.device,
         )
         self.backend = create_attention_backend(config.attention_backend, self.device)
+        # The C attention backend brings the C kernels for the rest of the layer with it;
+        # the reference stays PyTorch throughout.
+        self.cpu_kernels = self.model.use_cpu_kernels(isinstance(self.backend, CpuAttentionBackend))
         self._sm_scale = mc.head_dim**-0.5
         self._seq_tables: dict[str, KVScaleTable] = {}
         self.forward_seconds = 0.0  # wall time inside extend's forward passes

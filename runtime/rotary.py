@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -60,13 +61,32 @@ class RotaryEmbedding(nn.Module):
         self.cos = emb.cos().to(device)
         self.sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).to(device)
 
-    def lookup(
-        self, positions: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin_signed for int64 ``positions [T]`` as ``[T, 1, head_dim]`` in ``dtype``."""
+    def for_step(self, positions: torch.Tensor, dtype: torch.dtype, in_kernel: bool) -> RotaryStep:
+        """One step's RoPE inputs for int64 ``positions [T]`` (looked up once per step).
+
+        ``in_kernel``: for the C kernel, which indexes the whole tables itself; else the
+        step's rows ``[T, 1, head_dim]`` in ``dtype``. IndexError for a position past the
+        tables either way.
+        """
+        if positions.numel() and not 0 <= int(positions.min()) <= int(positions.max()) < (
+            self.max_positions
+        ):
+            raise IndexError(f"positions must lie in [0, {self.max_positions})")
+        if in_kernel:
+            return RotaryStep(self.cos, self.sin_signed, positions)
         cos = self.cos.index_select(0, positions).to(dtype).unsqueeze(1)
         sin = self.sin_signed.index_select(0, positions).to(dtype).unsqueeze(1)
-        return cos, sin
+        return RotaryStep(cos, sin, None)
+
+
+@dataclass(frozen=True)
+class RotaryStep:
+    """``cos`` / ``sin_signed``: the step's rows ``[T, 1, D]`` (``positions`` None), or the
+    whole ``[max_positions, D]`` tables plus the ``positions`` to read (the C kernel)."""
+
+    cos: torch.Tensor
+    sin_signed: torch.Tensor
+    positions: torch.Tensor | None
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:

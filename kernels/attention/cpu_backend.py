@@ -122,6 +122,7 @@ class CpuAttentionBackend(AttentionBackend):
         if p is None:
             return self._reference.forward(layer, q, kv_layer, k_scale, v_scale, sm_scale)
         expected_q = (p.num_tokens, p.num_qo_heads, p.head_dim)
+        q_dtype = q.dtype
         expected_kv = (2, p.page_size, p.num_kv_heads, p.head_dim)
         if tuple(q.shape) != expected_q:
             raise ValueError(f"q has shape {tuple(q.shape)}, the plan expects {expected_q}")
@@ -141,10 +142,12 @@ class CpuAttentionBackend(AttentionBackend):
             table = fp8_code_table(p.kv_dtype)
         else:
             kind = _KINDS[p.kv_dtype]
-        qf = q.to(torch.float32).contiguous()
-        out = torch.empty_like(qf)
+        if q.dtype != torch.float32 or q.stride(2) != 1 or q.stride(1) != p.head_dim:
+            q = q.to(torch.float32).contiguous()  # rows of heads, any token stride, is fine
+        out = torch.empty(expected_q, dtype=torch.float32)
         status = self._kernel(
-            qf.data_ptr(),
+            q.data_ptr(),
+            q.stride(0),
             kv_layer.data_ptr(),
             kind,
             None if table is None else table.data_ptr(),
@@ -163,4 +166,4 @@ class CpuAttentionBackend(AttentionBackend):
         )
         if status != 0:
             raise MemoryError("the cpu attention kernel could not allocate its scratch memory")
-        return out.to(q.dtype)
+        return out.to(q_dtype)

@@ -7,46 +7,22 @@
  * and then serve every query row of the head's GQA group.
  *
  * Layout (FlashInfer NHD): a layer is [num_pages][2][page_size][num_kv_heads][head_dim],
- * K at index 0 of the second dimension, V at 1. Queries and output are float32
- * [num_tokens][num_qo_heads][head_dim], ragged by qo_indptr; sequence b's query t sits at
+ * K at index 0 of the second dimension, V at 1. Queries are float32 [num_tokens][num_qo_heads]
+ * [head_dim] rows `q_stride` floats apart, the output the same shape, contiguous; both
+ * are ragged by qo_indptr; sequence b's query t sits at
  * position kv_lens[b] - q_len + t and sees keys 0..that position. The caller (Python)
  * checks every shape and index; this file trusts them.
  */
 #include <float.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
+
 enum kv_kind { KV_FLOAT32 = 0, KV_BFLOAT16 = 1, KV_BYTE_TABLE = 2 };
 
-/* One variant per instruction set; the dynamic loader picks the best for this CPU. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SPECDEC_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define SPECDEC_CLONES
-#endif
-
 #define KEYS 16 /* keys scored at once: one AVX-512 register of float32 */
-
-/* exp(x) for x <= 0 (a score minus its row maximum), in a form compilers vectorise:
- * 2^n * p(r) with x = n ln2 + r, |r| <= ln2 / 2, and a degree-7 Taylor polynomial
- * (relative error below 3e-9, under float32 rounding). Underflows to 0 below -87. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    const float n = floorf(x * 1.44269504f + 0.5f);
-    const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    union { int32_t bits; float value; } scale = {.bits = ((int32_t)n + 127) << 23};
-    return p * scale.value;
-}
 
 /* Rows [count][head_dim] of one head of one page half as float32: a pointer into the
  * page itself for float32 storage, else decoded into `buffer`. */
@@ -78,8 +54,8 @@ static inline const float *page_rows(const void *kv, int kind, const float *tabl
 /* One sequence, one KV head: every query row of the head's group over every page, with
  * an online softmax updated once per block of KEYS keys. */
 static inline __attribute__((always_inline)) void attend_head(
-    const float *q, const void *kv, int kind, const float *table, const int64_t *pages,
-    int64_t kv_len, int64_t q_len, int64_t first_token, int kv_head, int num_qo_heads,
+    const float *q, int64_t q_stride, const void *kv, int kind, const float *table,
+    const int64_t *pages, int64_t kv_len, int64_t q_len, int64_t first_token, int kv_head, int num_qo_heads,
     int num_kv_heads, const int head_dim, int page_size, float scale, float v_scale,
     float *out, float *scratch) {
     const int group = num_qo_heads / num_kv_heads;
@@ -114,8 +90,8 @@ static inline __attribute__((always_inline)) void attend_head(
                 const int64_t visible = start + t - (base + j0) + 1; /* causal */
                 const int count = (int)(visible < in_block ? visible : in_block);
                 if (count <= 0) continue;
-                const float *restrict qr = q + ((first_token + t) * num_qo_heads + kv_head * group +
-                                       r % group) * (int64_t)head_dim;
+                const float *restrict qr =
+                    q + (first_token + t) * q_stride + (int64_t)(kv_head * group + r % group) * head_dim;
                 float scores[KEYS];
                 float block_max = -FLT_MAX;
                 for (int j = 0; j < count; ++j) {
@@ -129,7 +105,7 @@ static inline __attribute__((always_inline)) void attend_head(
                 float *restrict ar = acc + (int64_t)r * head_dim;
                 const float new_max = block_max > row_max[r] ? block_max : row_max[r];
                 if (new_max > row_max[r] && row_sum[r] > 0.0f) {
-                    const float shrink = exp_nonpositive(row_max[r] - new_max);
+                    const float shrink = exp_clamped(row_max[r] - new_max);
                     row_sum[r] *= shrink;
                     for (int d = 0; d < head_dim; ++d) ar[d] *= shrink;
                 }
@@ -138,7 +114,7 @@ static inline __attribute__((always_inline)) void attend_head(
                 float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
                 for (int j = 0; j < KEYS; ++j) {
-                    weights[j] = j < count ? exp_nonpositive(scores[j] - new_max) : 0.0f;
+                    weights[j] = j < count ? exp_clamped(scores[j] - new_max) : 0.0f;
                     sum += weights[j];
                 }
                 row_sum[r] += sum;
@@ -164,14 +140,14 @@ static inline __attribute__((always_inline)) void attend_head(
 /* One function per common head size, so loops over head_dim have constant trip counts,
  * and one per instruction set (chosen when the library loads). */
 #define ATTEND_HEAD_VARIANT(name, HEAD_DIM)                                                  \
-    SPECDEC_CLONES static void name(const float *q, const void *kv, int kind,               \
+    SPECDEC_CLONES static void name(const float *q, int64_t q_stride, const void *kv, int kind, \
                                     const float *table, const int64_t *pages,               \
                                     int64_t kv_len, int64_t q_len, int64_t first_token,     \
                                     int kv_head, int num_qo_heads, int num_kv_heads,        \
                                     int head_dim, int page_size, float scale,               \
                                     float v_scale, float *out, float *scratch) {            \
         (void)head_dim;                                                                      \
-        attend_head(q, kv, kind, table, pages, kv_len, q_len, first_token, kv_head,         \
+        attend_head(q, q_stride, kv, kind, table, pages, kv_len, q_len, first_token, kv_head,         \
                     num_qo_heads, num_kv_heads, HEAD_DIM, page_size, scale, v_scale, out,   \
                     scratch);                                                                \
     }
@@ -180,7 +156,8 @@ ATTEND_HEAD_VARIANT(attend_head_128, 128)
 ATTEND_HEAD_VARIANT(attend_head_any, head_dim)
 
 /* The whole ragged batch. Returns 0, or -1 when scratch memory cannot be allocated. */
-int specdec_paged_attention(const float *q, const void *kv, int kind, const float *table,
+int specdec_paged_attention(const float *q, int64_t q_stride, const void *kv, int kind,
+                            const float *table,
                             const int64_t *qo_indptr, const int64_t *kv_lens,
                             const int64_t *page_indptr, const int64_t *page_indices,
                             int batch, int num_qo_heads, int num_kv_heads, int head_dim,
@@ -194,13 +171,14 @@ int specdec_paged_attention(const float *q, const void *kv, int kind, const floa
     const size_t floats = (size_t)page_size * 2 * head_dim + (size_t)max_rows * (head_dim + 2);
     float *scratch = malloc(sizeof(float) * floats);
     if (scratch == NULL) return -1;
-    void (*attend)(const float *, const void *, int, const float *, const int64_t *, int64_t,
-                   int64_t, int64_t, int, int, int, int, int, float, float, float *, float *) =
+    void (*attend)(const float *, int64_t, const void *, int, const float *, const int64_t *,
+                   int64_t, int64_t, int64_t, int, int, int, int, int, float, float, float *,
+                   float *) =
         head_dim == 64 ? attend_head_64 : head_dim == 128 ? attend_head_128 : attend_head_any;
     for (int b = 0; b < batch; ++b) {
         const int64_t q_len = qo_indptr[b + 1] - qo_indptr[b];
         for (int h = 0; h < num_kv_heads; ++h) {
-            attend(q, kv, kind, table, page_indices + page_indptr[b], kv_lens[b], q_len,
+            attend(q, q_stride, kv, kind, table, page_indices + page_indptr[b], kv_lens[b], q_len,
                         qo_indptr[b], h, num_qo_heads, num_kv_heads, head_dim, page_size, scale,
                         v_scale, out, scratch);
         }

@@ -1,6 +1,8 @@
-"""Building the C kernels: cached by content, rebuilt never, failures explained."""
+"""Building the C kernels: cached by content, never rebuilt, failures explained."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 
@@ -18,15 +20,24 @@ def test_library_is_built_once_into_the_cache_dir(tmp_path, monkeypatch):
     assert [p.name for p in first.parent.iterdir()] == [first.name]  # no leftovers
 
 
-def test_a_changed_source_gets_its_own_library(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
-    edited = tmp_path / native.SOURCE.name
-    edited.write_text(native.SOURCE.read_text() + "\n/* edited */\n")
-    assert native.build_library("cc", edited) != native.build_library("cc")
+@pytest.mark.parametrize("edited", ["paged_attention.c", "common.h"])
+def test_an_edited_source_or_header_gets_its_own_library(tmp_path, monkeypatch, edited):
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "csrc"
+    shutil.copytree(native.CSRC, folder)
+    with open(folder / edited, "a") as f:
+        f.write("\n/* edited */\n")
+    assert native.build_library("cc", folder) != native.build_library("cc")
+
+
+def test_every_exported_function_is_in_the_library():
+    lib = native.load_library()
+    for name in native.SIGNATURES:
+        assert getattr(lib, name).argtypes == native.SIGNATURES[name]
 
 
 def test_compiler_errors_reach_the_caller(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
-    with pytest.raises(NativeBuildError, match="building paged_attention.c failed"):
+    with pytest.raises(NativeBuildError, match="building the CPU kernels failed"):
         native.build_library("false")
-    assert list((tmp_path / "native").iterdir()) == []  # the partial files are gone
+    assert list((tmp_path / "native").iterdir()) == []  # the scratch files are gone

@@ -1,0 +1,76 @@
+/* The elementwise parts of a Llama / Qwen3 layer on the CPU, float32, one call each.
+ *
+ * Each replaces several eager PyTorch ops (RMSNorm is six of them) whose per-op cost, not
+ * their arithmetic, dominates at decode batch sizes. Rows are contiguous; the caller
+ * (kernels/dense_ops.py) checks shapes and dtypes; this file trusts them.
+ */
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+
+/* Inverse RMS of one row: 1 / sqrt(mean(x^2) + eps). */
+static inline float inv_rms(const float *restrict x, int dim, float eps) {
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int d = 0; d < dim; ++d) sum += x[d] * x[d];
+    return 1.0f / sqrtf(sum / (float)dim + eps);
+}
+
+/* out[r] = x[r] * inv_rms(x[r]) * weight, for `rows` rows of `dim` (row strides given). */
+SPECDEC_CLONES
+void specdec_rms_norm(const float *x, int64_t x_stride, const float *weight, float eps,
+                      float *out, int64_t out_stride, int64_t rows, int dim) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *restrict xr = x + r * x_stride;
+        float *restrict o = out + r * out_stride;
+        const float scale = inv_rms(xr, dim, eps);
+#pragma omp simd
+        for (int d = 0; d < dim; ++d) o[d] = xr[d] * scale * weight[d];
+    }
+}
+
+/* In place on the first `heads` heads of each token's row of `qkv` (q heads, then k
+ * heads): optional per-head RMSNorm (Qwen3's q_norm / k_norm; `norm_weight` is
+ * [heads][head_dim] or NULL), then RoPE in the rotate-half convention,
+ * x * cos + roll(x, head_dim / 2) * sin_signed, from [positions][head_dim] tables. */
+SPECDEC_CLONES
+void specdec_qk_norm_rope(float *qkv, int64_t tokens, int64_t token_stride, int heads,
+                          int head_dim, const float *norm_weight, float eps,
+                          const float *cos_table, const float *sin_signed_table,
+                          const int64_t *positions) {
+    const int half = head_dim / 2;
+    float rotated[512];
+    for (int64_t t = 0; t < tokens; ++t) {
+        const float *restrict cos = cos_table + positions[t] * head_dim;
+        const float *restrict sin = sin_signed_table + positions[t] * head_dim;
+        for (int h = 0; h < heads; ++h) {
+            float *restrict x = qkv + t * token_stride + (int64_t)h * head_dim;
+            if (norm_weight != NULL) {
+                const float scale = inv_rms(x, head_dim, eps);
+                const float *restrict w = norm_weight + (int64_t)h * head_dim;
+#pragma omp simd
+                for (int d = 0; d < head_dim; ++d) x[d] = x[d] * scale * w[d];
+            }
+#pragma omp simd
+            for (int d = 0; d < half; ++d) {
+                rotated[d] = x[d] * cos[d] + x[d + half] * sin[d];
+                rotated[d + half] = x[d + half] * cos[d + half] + x[d] * sin[d + half];
+            }
+#pragma omp simd
+            for (int d = 0; d < head_dim; ++d) x[d] = rotated[d];
+        }
+    }
+}
+
+/* out[t] = silu(gate_up[t][:inter]) * gate_up[t][inter:], silu(g) = g / (1 + exp(-g)). */
+SPECDEC_CLONES
+void specdec_silu_and_mul(const float *gate_up, int64_t tokens, int inter, float *out) {
+    for (int64_t t = 0; t < tokens; ++t) {
+        const float *restrict g = gate_up + t * 2 * (int64_t)inter;
+        const float *restrict u = g + inter;
+        float *restrict o = out + t * (int64_t)inter;
+#pragma omp simd
+        for (int i = 0; i < inter; ++i) o[i] = g[i] / (1.0f + exp_clamped(-g[i])) * u[i];
+    }
+}

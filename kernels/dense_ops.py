@@ -1,0 +1,105 @@
+"""RMSNorm, Qwen3's q/k norm with RoPE, and SiLU-and-mul as single C calls (``csrc/dense_ops.c``).
+
+Each is one call where eager PyTorch runs three to seven ops; at decode batch sizes the
+per-op cost, not the arithmetic, is what those layers spend. float32 on the CPU only:
+:func:`available` says whether a tensor qualifies and the kernels were built; callers
+keep their PyTorch form for everything else. Results match PyTorch's to float32
+rounding (the reductions sum in a different order).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from kernels.native import NativeBuildError, load_library
+
+MAX_HEAD_DIM = 512  # the RoPE kernel's scratch row
+
+
+@functools.cache
+def _library_loads() -> bool:
+    try:
+        load_library()
+    except NativeBuildError:
+        return False
+    return True
+
+
+def available(x: torch.Tensor) -> bool:
+    """True when ``x`` is float32 on the CPU and the kernels are built."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and _library_loads()
+
+
+def _check(name: str, x: torch.Tensor) -> None:
+    if x.dtype != torch.float32 or x.device.type != "cpu" or x.stride(-1) != 1:
+        raise ValueError(f"{name} must be float32 on the CPU with contiguous rows")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x * rsqrt(mean(x², -1) + eps) * weight`` for ``x [..., dim]``."""
+    dim = x.shape[-1]
+    rows = x.reshape(-1, dim)
+    _check("x", rows)
+    _check("weight", weight)
+    if weight.shape != (dim,):
+        raise ValueError(f"weight has shape {tuple(weight.shape)}, expected ({dim},)")
+    out = torch.empty(x.shape, dtype=torch.float32)
+    load_library().specdec_rms_norm(
+        rows.data_ptr(), rows.stride(0), weight.data_ptr(), eps, out.data_ptr(), dim,
+        rows.shape[0], dim,
+    )  # fmt: skip
+    return out
+
+
+def qk_norm_rope_(
+    qkv: torch.Tensor,
+    num_heads: int,
+    norm_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin_signed: torch.Tensor,
+    positions: torch.Tensor,
+) -> None:
+    """In place on the first ``num_heads`` heads of ``qkv [T, H, D]`` (contiguous): the
+    per-head RMSNorm with ``norm_weight [num_heads, D]`` when given, then RoPE with the
+    ``[max_positions, D]`` tables ``cos`` / ``sin_signed`` (rotate-half convention).
+
+    ``positions`` must lie in ``[0, max_positions)``: they are not range-checked here (per
+    layer that would cost as much as the op); ``RotaryEmbedding.for_step`` checks them once
+    a step."""
+    tokens, total_heads, head_dim = qkv.shape
+    _check("qkv", qkv)
+    if not qkv.is_contiguous() or not 0 < num_heads <= total_heads:
+        raise ValueError(f"qkv must be contiguous [T, H >= {num_heads}, D]")
+    if head_dim > MAX_HEAD_DIM or head_dim % 2:
+        raise ValueError(f"head_dim must be even and at most {MAX_HEAD_DIM}, got {head_dim}")
+    for name, table in (("cos", cos), ("sin_signed", sin_signed)):
+        _check(name, table)
+        if not table.is_contiguous() or table.shape[1:] != (head_dim,):
+            raise ValueError(f"{name} must be a contiguous [max_positions, {head_dim}] table")
+    if positions.dtype != torch.int64 or positions.shape != (tokens,):
+        raise ValueError(f"positions must be int64 [{tokens}]")
+    weight_ptr = None
+    if norm_weight is not None:
+        _check("norm_weight", norm_weight)
+        if norm_weight.shape != (num_heads, head_dim) or not norm_weight.is_contiguous():
+            raise ValueError(f"norm_weight must be a contiguous [{num_heads}, {head_dim}]")
+        weight_ptr = norm_weight.data_ptr()
+    positions = positions.contiguous()
+    load_library().specdec_qk_norm_rope(
+        qkv.data_ptr(), tokens, qkv.stride(0), num_heads, head_dim, weight_ptr, eps,
+        cos.data_ptr(), sin_signed.data_ptr(), positions.data_ptr(),
+    )  # fmt: skip
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate_up [T, 2 * inter]`` (contiguous) -> ``[T, inter]``."""
+    _check("gate_up", gate_up)
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2 or not gate_up.is_contiguous():
+        raise ValueError("gate_up must be a contiguous [tokens, 2 * intermediate_size]")
+    tokens, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(tokens, inter, dtype=torch.float32)
+    load_library().specdec_silu_and_mul(gate_up.data_ptr(), tokens, inter, out.data_ptr())
+    return out

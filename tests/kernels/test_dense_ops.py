@@ -1,0 +1,101 @@
+"""The C elementwise kernels compute what their PyTorch forms compute, to float32 rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import dense_ops
+from runtime.model_config import RopeConfig
+from runtime.rotary import RotaryEmbedding, apply_rotary
+
+gen = torch.Generator().manual_seed(0)
+
+
+def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen) * scale
+
+
+def test_kernels_are_available_for_float32_cpu_tensors_only():
+    assert dense_ops.available(torch.zeros(1))
+    assert not dense_ops.available(torch.zeros(1, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("shape", [(7, 256), (2, 3, 96), (1, 40)])
+def test_rms_norm_matches_torch(shape):
+    x, weight = randn(*shape, scale=3.0), randn(shape[-1])
+    out = dense_ops.rms_norm(x, weight, 1e-6)
+    assert out.shape == x.shape
+    torch.testing.assert_close(out, F.rms_norm(x, (shape[-1],), weight, 1e-6))
+
+
+def test_rms_norm_reads_strided_rows():
+    wide = randn(5, 80)
+    x, weight = wide[:, :64], randn(64)  # rows 80 floats apart
+    torch.testing.assert_close(
+        dense_ops.rms_norm(x, weight, 1e-5), F.rms_norm(x, (64,), weight, 1e-5)
+    )
+
+
+def torch_qk_norm_rope(qkv, num_heads, weight, eps, rotary, positions):
+    qk = qkv[:, :num_heads]
+    if weight is not None:
+        qk = F.rms_norm(qk, (qkv.shape[2],), None, eps) * weight
+    rows = rotary.for_step(positions, torch.float32, in_kernel=False)
+    return apply_rotary(qk, rows.cos, rows.sin_signed)
+
+
+@pytest.mark.parametrize("with_norm", [True, False], ids=["qwen3", "llama"])
+@pytest.mark.parametrize("head_dim", [64, 128, 16])
+def test_qk_norm_rope_matches_torch_and_leaves_v_alone(with_norm, head_dim):
+    rotary = RotaryEmbedding(RopeConfig(theta=10000.0), head_dim, max_positions=300)
+    tokens, num_q, num_kv = 9, 4, 2
+    qkv = randn(tokens, num_q + 2 * num_kv, head_dim, scale=2.0)
+    weight = randn(num_q + num_kv, head_dim) if with_norm else None
+    positions = torch.tensor([0, 1, 2, 17, 18, 150, 151, 298, 299])
+    want = torch_qk_norm_rope(qkv, num_q + num_kv, weight, 1e-6, rotary, positions)
+    v_before = qkv[:, num_q + num_kv :].clone()
+    dense_ops.qk_norm_rope_(
+        qkv, num_q + num_kv, weight, 1e-6, rotary.cos, rotary.sin_signed, positions
+    )
+    torch.testing.assert_close(qkv[:, : num_q + num_kv], want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(qkv[:, num_q + num_kv :], v_before)
+
+
+def test_silu_and_mul_matches_torch_across_the_exp_range():
+    gate_up = randn(6, 2 * 300, scale=4.0)
+    gate_up[0, :4] = torch.tensor([-120.0, -90.0, 90.0, 120.0])  # past exp's clamp
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(dense_ops.silu_and_mul(gate_up), F.silu(gate) * up)
+
+
+def test_bad_arguments_are_refused_before_the_kernel_reads_memory():
+    rotary = RotaryEmbedding(RopeConfig(theta=10000.0), 16, max_positions=8)
+    with pytest.raises(ValueError, match="float32"):
+        dense_ops.rms_norm(randn(2, 8).bfloat16(), randn(8), 1e-6)
+    with pytest.raises(ValueError, match="weight has shape"):
+        dense_ops.rms_norm(randn(2, 8), randn(9), 1e-6)
+    with pytest.raises(ValueError, match="contiguous"):
+        dense_ops.qk_norm_rope_(
+            randn(3, 16, 4).transpose(1, 2), 2, None, 0.0, rotary.cos, rotary.sin_signed,
+            torch.zeros(3, dtype=torch.int64),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="positions must be int64"):
+        dense_ops.qk_norm_rope_(
+            randn(3, 4, 16), 2, None, 0.0, rotary.cos, rotary.sin_signed, torch.zeros(3)
+        )
+    with pytest.raises(ValueError, match="norm_weight"):
+        dense_ops.qk_norm_rope_(
+            randn(3, 4, 16), 2, randn(3, 16), 1e-6, rotary.cos, rotary.sin_signed,
+            torch.zeros(3, dtype=torch.int64),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="2 \\* intermediate_size"):
+        dense_ops.silu_and_mul(randn(2, 7))
+
+
+def test_rotary_positions_past_the_table_are_an_error():
+    rotary = RotaryEmbedding(RopeConfig(theta=10000.0), 16, max_positions=8)
+    for in_kernel in (True, False):
+        with pytest.raises(IndexError, match=r"\[0, 8\)"):
+            rotary.for_step(torch.tensor([3, 8]), torch.float32, in_kernel=in_kernel)
