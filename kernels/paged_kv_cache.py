@@ -9,18 +9,39 @@ dim 1 is K, index 1 is V. A token at position ``t`` of a sequence lives in page
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 
 from kernels.fp8 import is_fp8, quantize_fp8
+from kernels.native import NativeBuildError, load_library
 from kernels.page_allocator import OutOfPagesError, PageAllocator
 
-__all__ = ["OutOfPagesError", "PageAllocator", "PagedKVCache"]
+__all__ = ["OutOfPagesError", "PageAllocator", "PagedKVCache", "SlotRows"]
+
+
+@dataclass(frozen=True)
+class SlotRows:
+    """Where :meth:`PagedKVCache.write` stores a step's K and V: made by ``slot_rows``,
+    which checks them against the cache, so the C copy can trust them."""
+
+    rows: torch.Tensor  # int64 [2 * num_slots]: the K rows, then the V rows
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _rows_of_heads(x: torch.Tensor) -> bool:
+    """float32 on the CPU, each token's heads one contiguous row (any token stride)."""
+    return (
+        x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and x.stride(2) == 1
+        and x.stride(1) == x.shape[2]
+    )
 
 
 class PagedKVCache:
@@ -55,6 +76,11 @@ class PagedKVCache:
         ]
         self._pages: dict[str, list[int]] = {}
         self._lens: dict[str, int] = {}
+        # float32 on the CPU: writes are one C call (a row copy per token), not cat + index_copy_.
+        self._c_copy = None
+        if dtype == torch.float32 and self.device.type == "cpu":
+            with contextlib.suppress(NativeBuildError):  # no compiler: PyTorch copies
+                self._c_copy = load_library().specdec_write_kv
 
     # ---- sizes -------------------------------------------------------------------------
 
@@ -142,22 +168,25 @@ class PagedKVCache:
 
     # ---- data --------------------------------------------------------------------------
 
-    def slot_rows(self, slot_mapping: torch.Tensor) -> torch.Tensor:
-        """Where ``write`` stores the K, then the V, of each slot: int64 ``[2 * num_slots]``.
+    def slot_rows(self, slot_mapping: torch.Tensor) -> SlotRows:
+        """Where ``write`` stores the K, then the V, of each slot. ValueError for a slot
+        outside the cache.
 
         Rows of a layer viewed as ``[num_pages * 2 * page_size, num_kv_heads, head_dim]``:
         slot ``s`` is K row ``(s // page_size) * 2 * page_size + s % page_size`` and its V
         row is ``page_size`` further. The same for every layer, so compute it once a step.
         """
-        slots = slot_mapping.to(device=self.device, dtype=torch.int64)
+        slots = slot_mapping.to(device=self.device, dtype=torch.int64).reshape(-1)
         ps = self.page_size
+        if slots.numel() and not 0 <= int(slots.min()) <= int(slots.max()) < self.num_pages * ps:
+            raise ValueError(f"slots must lie in [0, {self.num_pages * ps})")
         k_rows = (slots // ps) * (2 * ps) + slots % ps
-        return torch.cat([k_rows, k_rows + ps])
+        return SlotRows(torch.cat([k_rows, k_rows + ps]))
 
     def write(
         self,
         layer: int,
-        rows: torch.Tensor,
+        rows: SlotRows,
         k: torch.Tensor,
         v: torch.Tensor,
         k_scale: float = 1.0,
@@ -173,15 +202,24 @@ class PagedKVCache:
                 f"k and v must be [num_tokens, {self.num_kv_heads}, {self.head_dim}], "
                 f"got {tuple(k.shape)} and {tuple(v.shape)}"
             )
+        if rows.rows.shape != (2 * k.shape[0],):
+            raise ValueError(f"{rows.rows.shape[0] // 2} slots given for {k.shape[0]} tokens")
+        storage = self.kv_layers[layer]
+        if self._c_copy is not None and _rows_of_heads(k) and _rows_of_heads(v):
+            self._c_copy(
+                storage.data_ptr(), rows.rows.data_ptr(), k.data_ptr(), k.stride(0),
+                v.data_ptr(), v.stride(0), k.shape[0], self.num_kv_heads * self.head_dim,
+            )  # fmt: skip
+            return
         if is_fp8(self.dtype):
             k = quantize_fp8(k, k_scale, self.dtype)
             v = quantize_fp8(v, v_scale, self.dtype)
         data = torch.cat([k, v]).to(device=self.device, dtype=self.dtype)
-        flat = self.kv_layers[layer].view(-1, self.num_kv_heads, self.head_dim)
+        flat = storage.view(-1, self.num_kv_heads, self.head_dim)
         if is_fp8(self.dtype):
             # index_copy_ has no fp8 kernel on CPU; the bytes are what we copy anyway.
             flat, data = flat.view(torch.uint8), data.view(torch.uint8)
-        flat.index_copy_(0, rows, data)
+        flat.index_copy_(0, rows.rows, data)
 
     def flashinfer_layout(
         self, seq_ids: list[str]

@@ -39,7 +39,7 @@ class PagedContext(ForwardContext):
     """
 
     positions: torch.Tensor
-    write_rows: torch.Tensor
+    write_rows: object  # kernels.paged_kv_cache.SlotRows
     cache: object  # kernels.paged_kv_cache.PagedKVCache
     backend: object  # kernels.attention.AttentionBackend
     k_scales: tuple[float, ...]

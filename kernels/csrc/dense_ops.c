@@ -1,4 +1,5 @@
-/* The elementwise parts of a Llama / Qwen3 layer on the CPU, float32, one call each.
+/* The elementwise parts of a Llama / Qwen3 layer on the CPU, float32, one call each
+ * (and the KV cache's row copy).
  *
  * Each replaces several eager PyTorch ops (RMSNorm is six of them) whose per-op cost, not
  * their arithmetic, dominates at decode batch sizes. Rows are contiguous; the caller
@@ -6,6 +7,7 @@
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "common.h"
 
@@ -72,5 +74,16 @@ void specdec_silu_and_mul(const float *gate_up, int64_t tokens, int inter, float
         float *restrict o = out + t * (int64_t)inter;
 #pragma omp simd
         for (int i = 0; i < inter; ++i) o[i] = g[i] / (1.0f + exp_clamped(-g[i])) * u[i];
+    }
+}
+
+/* KV cache write for a float32 layer viewed as rows of `row_size` floats: token t's K
+ * row goes to rows[t], its V row to rows[tokens + t]. */
+void specdec_write_kv(float *layer, const int64_t *rows, const float *k, int64_t k_stride,
+                      const float *v, int64_t v_stride, int64_t tokens, int row_size) {
+    const size_t bytes = sizeof(float) * (size_t)row_size;
+    for (int64_t t = 0; t < tokens; ++t) {
+        memcpy(layer + rows[t] * row_size, k + t * k_stride, bytes);
+        memcpy(layer + rows[tokens + t] * row_size, v + t * v_stride, bytes);
     }
 }

@@ -49,6 +49,32 @@ def test_write_stores_k_and_v_at_their_slots():
     assert not cache.kv_layers[0].any()  # other layers untouched
 
 
+@pytest.mark.parametrize("c_copy", [True, False], ids=["c-copy", "index-copy"])
+def test_write_takes_token_rows_of_strided_k_and_v(c_copy):
+    cache = make_cache()
+    assert cache._c_copy is not None  # float32 on the CPU with a compiler: the C copy
+    if not c_copy:
+        cache._c_copy = None
+    cache.open("a")
+    slots = cache.reserve(["a"], [5])
+    qkv = torch.randn(5, 6, 3)  # as the model's packed projection: q, k, v heads per token
+    k, v = qkv[:, 2:4], qkv[:, 4:6]
+    cache.write(0, cache.slot_rows(slots), k, v)
+    layer = cache.kv_layers[0]
+    assert torch.equal(layer[0, 0], k[:4]) and torch.equal(layer[1, 0, :1], k[4:])
+    assert torch.equal(layer[0, 1], v[:4]) and torch.equal(layer[1, 1, :1], v[4:])
+    assert not layer[2:].any()
+
+
+def test_write_refuses_slots_outside_the_cache_and_miscounted_rows():
+    cache = make_cache()
+    with pytest.raises(ValueError, match=r"slots must lie in \[0, 32\)"):
+        cache.slot_rows(torch.tensor([3, 32]))
+    rows = cache.slot_rows(torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="2 slots given for 3 tokens"):
+        cache.write(0, rows, torch.zeros(3, 2, 3), torch.zeros(3, 2, 3))
+
+
 def test_fp8_write_quantises_with_the_layer_scales():
     cache = make_cache(dtype=torch.float8_e4m3fn)
     cache.open("a")
