@@ -46,6 +46,7 @@ SIGNATURES: dict[str, list[type]] = {
     "specdec_qk_norm_rope": [_P, _I64, _I64, _I32, _I32, _P, _F32, _P, _P, _P],
     "specdec_silu_and_mul": [_P, _I64, _I32, _P],
     "specdec_write_kv": [_P, _P, _P, _I64, _P, _I64, _I64, _I32],
+    "specdec_linear": [_P, _I64, _P, _P, _P, _I64, _P, _I64, _I32, _I32],
 }
 
 

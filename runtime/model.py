@@ -53,6 +53,8 @@ class Linear(nn.Module):
             offset += size
         self.weight = nn.Parameter(torch.empty(in_features, offset))
         self.bias = nn.Parameter(torch.empty(offset)) if bias else None
+        # The weight in kernels.dense_ops' packed layout instead (use_cpu_kernels).
+        self.register_buffer("packed_weight", None, persistent=False)
 
     def load(self, param_name: str, tensor: torch.Tensor, shard_id: str = "") -> None:
         """Copy a checkpoint ``weight [size, in]`` or ``bias [size]`` into its shard."""
@@ -70,8 +72,27 @@ class Linear(nn.Module):
             )
         target.copy_(tensor)
 
+    def use_cpu_kernels(self, enabled: bool) -> None:
+        """Hold the weight packed for ``kernels.dense_ops.linear`` (enabled, when the
+        output width packs) or as the ``[in, out]`` parameter; never both at once."""
+        if enabled and self.packed_weight is None:
+            if self.weight.shape[1] % dense_ops.LINEAR_COLS == 0:
+                self.packed_weight = dense_ops.pack_linear_weight(self.weight.detach())
+                self.weight = None
+        elif not enabled and self.packed_weight is not None:
+            self.weight = nn.Parameter(dense_ops.unpack_linear_weight(self.packed_weight))
+            self.packed_weight = None
+
+    def weight_in_out(self) -> torch.Tensor:
+        """The weight as ``[in, out]``, however it is held."""
+        if self.packed_weight is None:
+            return self.weight
+        return dense_ops.unpack_linear_weight(self.packed_weight)
+
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ weight (+ bias) (+ residual)``; the residual add rides in the matmul."""
+        if self.packed_weight is not None:
+            return dense_ops.linear(x, self.packed_weight, self.bias, residual)
         if residual is None:
             if self.bias is None:
                 return torch.mm(x, self.weight)
@@ -198,12 +219,14 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     def use_cpu_kernels(self, enabled: bool) -> bool:
-        """Run RMSNorm, q/k norm + RoPE and SiLU-and-mul as C kernels (``kernels.dense_ops``)
-        when ``enabled`` and the model is float32 on the CPU with the kernels built; else
-        PyTorch. Returns whether they are on."""
-        on = enabled and dense_ops.available(self.lm_head.weight)
+        """Run the linears, RMSNorm, q/k norm + RoPE and SiLU-and-mul as C kernels
+        (``kernels.dense_ops``) when ``enabled`` and the model is float32 on the CPU with
+        the kernels built; else PyTorch. Call after loading. Returns whether they are on."""
+        on = enabled and dense_ops.available(self.model.embed_tokens.weight)
         for module in self.modules():
-            if hasattr(module, "cpu_kernels"):
+            if isinstance(module, Linear):
+                module.use_cpu_kernels(on)
+            elif hasattr(module, "cpu_kernels"):
                 module.cpu_kernels = on
         return on
 

@@ -87,3 +87,60 @@ void specdec_write_kv(float *layer, const int64_t *rows, const float *k, int64_t
         memcpy(layer + rows[tokens + t] * row_size, v + t * v_stride, bytes);
     }
 }
+
+/* ---- small-batch linear ------------------------------------------------------------
+ * y = x @ W (+ bias) (+ residual) for few rows (decode and verify steps), with W packed
+ * as [N / LINEAR_COLS][K][LINEAR_COLS]: each block of columns is one contiguous stream,
+ * read once for up to LINEAR_ROWS rows of x whose partial sums stay in registers. At
+ * 8 rows this streams weights at close to memory bandwidth, where a general GEMM repacks
+ * them every call. */
+#define LINEAR_COLS 32
+#define LINEAR_ROWS 8
+#define LINEAR_PREFETCH 64 /* rows of a block ahead (8 KB) */
+
+static inline __attribute__((always_inline)) void linear_tile(
+    const int rows, const float *restrict x, int64_t ldx, const float *restrict block,
+    const float *bias, const float *residual, int64_t ldr, float *restrict y, int64_t ldy,
+    int K) {
+    float acc[LINEAR_ROWS][LINEAR_COLS];
+    for (int m = 0; m < rows; ++m)
+        for (int n = 0; n < LINEAR_COLS; ++n)
+            acc[m][n] = (residual ? residual[m * ldr + n] : 0.0f) + (bias ? bias[n] : 0.0f);
+    for (int k = 0; k < K; ++k) {
+        const float *restrict w = block + (int64_t)k * LINEAR_COLS;
+        __builtin_prefetch(w + LINEAR_PREFETCH * LINEAR_COLS);
+        __builtin_prefetch(w + LINEAR_PREFETCH * LINEAR_COLS + 16);
+        for (int m = 0; m < rows; ++m) {
+            const float xv = x[m * ldx + k];
+#pragma omp simd
+            for (int n = 0; n < LINEAR_COLS; ++n) acc[m][n] += xv * w[n];
+        }
+    }
+    for (int m = 0; m < rows; ++m) memcpy(y + m * ldy, acc[m], sizeof acc[m]);
+}
+
+SPECDEC_CLONES
+void specdec_linear(const float *x, int64_t ldx, const float *packed, const float *bias,
+                    const float *residual, int64_t ldr, float *y, int64_t M, int K, int N) {
+    for (int64_t m0 = 0; m0 < M; m0 += LINEAR_ROWS) {
+        const int64_t rows = M - m0 < LINEAR_ROWS ? M - m0 : LINEAR_ROWS;
+        for (int n0 = 0; n0 < N; n0 += LINEAR_COLS) {
+            const float *block = packed + (int64_t)n0 * K;
+            const float *xr = x + m0 * ldx;
+            const float *b = bias ? bias + n0 : NULL;
+            const float *res = residual ? residual + m0 * ldr + n0 : NULL;
+            float *yr = y + m0 * N + n0;
+            /* Constant row counts, so each tile's sums live in registers. */
+            switch (rows) {
+            case 8: linear_tile(8, xr, ldx, block, b, res, ldr, yr, N, K); break;
+            case 7: linear_tile(7, xr, ldx, block, b, res, ldr, yr, N, K); break;
+            case 6: linear_tile(6, xr, ldx, block, b, res, ldr, yr, N, K); break;
+            case 5: linear_tile(5, xr, ldx, block, b, res, ldr, yr, N, K); break;
+            case 4: linear_tile(4, xr, ldx, block, b, res, ldr, yr, N, K); break;
+            case 3: linear_tile(3, xr, ldx, block, b, res, ldr, yr, N, K); break;
+            case 2: linear_tile(2, xr, ldx, block, b, res, ldr, yr, N, K); break;
+            default: linear_tile(1, xr, ldx, block, b, res, ldr, yr, N, K); break;
+            }
+        }
+    }
+}

@@ -99,3 +99,40 @@ def test_rotary_positions_past_the_table_are_an_error():
     for in_kernel in (True, False):
         with pytest.raises(IndexError, match=r"\[0, 8\)"):
             rotary.for_step(torch.tensor([3, 8]), torch.float32, in_kernel=in_kernel)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 16, 17, 40])  # C tiles of 8 + rest; then MKL
+@pytest.mark.parametrize("extras", ["plain", "bias", "bias+residual"])
+def test_linear_on_packed_weights_matches_matmul(rows, extras):
+    k, n = 96, 160
+    wide = randn(rows, k + 5)
+    x = wide[:, :k]  # rows k + 5 floats apart
+    weight = randn(k, n)
+    bias = randn(n) if "bias" in extras else None
+    residual = randn(rows, n) if "residual" in extras else None
+    want = x @ weight
+    if bias is not None:
+        want = want + bias
+    if residual is not None:
+        want = want + residual
+    out = dense_ops.linear(x, dense_ops.pack_linear_weight(weight), bias, residual)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+
+
+def test_packing_round_trips_and_needs_whole_column_blocks():
+    weight = randn(7, 64)
+    packed = dense_ops.pack_linear_weight(weight)
+    assert packed.shape == (2, 7, 32)
+    assert torch.equal(dense_ops.unpack_linear_weight(packed), weight)
+    with pytest.raises(ValueError, match="blocks of 32"):
+        dense_ops.pack_linear_weight(randn(7, 48))
+
+
+def test_linear_refuses_mismatched_shapes():
+    packed = dense_ops.pack_linear_weight(randn(8, 32))
+    with pytest.raises(ValueError, match=r"takes \[M, 8\]"):
+        dense_ops.linear(randn(2, 9), packed)
+    with pytest.raises(ValueError, match="bias has shape"):
+        dense_ops.linear(randn(2, 8), packed, randn(31))
+    with pytest.raises(ValueError, match="residual has shape"):
+        dense_ops.linear(randn(2, 8), packed, None, randn(3, 32))

@@ -108,12 +108,3 @@ def test_bfloat16_runs_close_to_float32(qwen3_path):
     assert out.dtype == torch.float32
     cos = torch.nn.functional.cosine_similarity(out, ref, dim=-1)
     assert cos.min().item() > 0.99
-
-
-def test_cpu_kernels_follow_the_attention_backend_and_the_dtype(qwen3_path):
-    def runner(**overrides):
-        return ModelRunner.from_pretrained(qwen3_path, num_pages=8, **overrides)
-
-    assert runner(attention_backend="cpu").cpu_kernels
-    assert not runner(attention_backend="reference").cpu_kernels
-    assert not runner(attention_backend="cpu", dtype="bfloat16").cpu_kernels

@@ -27,9 +27,9 @@ def test_packed_linear_holds_each_checkpoint_matrix_transposed(qwen3_path):
     runner = ModelRunner.from_pretrained(qwen3_path, num_pages=4)
     attn = runner.model.model.layers[1].self_attn
     q, k, v = (tensors[f"model.layers.1.self_attn.{n}_proj.weight"] for n in "qkv")
-    assert torch.equal(attn.qkv_proj.weight, torch.cat([q, k, v]).t())
+    assert torch.equal(attn.qkv_proj.weight_in_out(), torch.cat([q, k, v]).t())
     down = tensors["model.layers.1.mlp.down_proj.weight"]
-    assert torch.equal(runner.model.model.layers[1].mlp.down_proj.weight, down.t())
+    assert torch.equal(runner.model.model.layers[1].mlp.down_proj.weight_in_out(), down.t())
 
 
 def test_wrong_shape_names_the_tensor_and_both_shapes(qwen3_path, tmp_path):
