@@ -5,10 +5,10 @@ PyTorch runs three to seven ops; at decode batch sizes the per-op cost, not the
 arithmetic, is what those spend. ``linear`` multiplies a few rows by a weight packed in
 column blocks, streaming it once at close to memory bandwidth (MKL's GEMM reaches about
 half of it at 8 rows); more rows go to MKL's batched GEMM on the same packed weight.
-float32 on the CPU only:
-:func:`available` says whether a tensor qualifies and the kernels were built; callers
-keep their PyTorch form for everything else. Results match PyTorch's to float32
-rounding (the reductions sum in a different order).
+
+float32 on the CPU only: :func:`available` says whether a tensor qualifies and the kernels
+were built; callers keep their PyTorch form for everything else. Results match PyTorch's
+to float32 rounding (sums run in a different order).
 """
 
 from __future__ import annotations

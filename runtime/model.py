@@ -4,7 +4,8 @@ Module names follow the Hugging Face model (``model.layers.{i}.self_attn...``) e
 that q/k/v and gate/up are packed into ``qkv_proj`` / ``gate_up_proj`` and linear weights
 are stored transposed (``Linear``); the mapping lives in ``runtime.loader``. The forward
 takes flat tokens ``[T]`` of a ragged batch and a ``ForwardContext``; paging is the
-context's business.
+context's business. ``CausalLM.use_cpu_kernels`` swaps the dense ops of a float32 CPU
+model for ``kernels.dense_ops``' C calls; the PyTorch forms stay the reference.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class Linear(nn.Module):
 
     A packed linear stacks several checkpoint matrices along the output dimension:
     ``shards`` maps a shard id to ``(offset, size)`` and ``load`` takes the shard id.
+    With the CPU kernels on, the weight is held in ``dense_ops``' column-block layout
+    (``packed_weight``) instead; ``weight_in_out`` gives ``[in, out]`` either way.
     """
 
     def __init__(self, in_features: int, out_features: int | dict[str, int], bias: bool) -> None:
@@ -120,7 +123,6 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(d, config.rms_norm_eps)
             self.k_norm = RMSNorm(d, config.rms_norm_eps)
             self.register_buffer("qk_norm_weight", torch.empty(0), persistent=False)
-        self.cpu_kernels = False  # CausalLM.use_cpu_kernels
 
     def finalize(self) -> None:
         """After loading: fuse q_norm / k_norm weights so q and k are normed in one op."""
