@@ -24,8 +24,8 @@ _KINDS = {torch.float32: 0, torch.bfloat16: 1}
 _BYTE_TABLE = 2
 
 # Query rows per KV head (longest segment x GQA group) up to which the kernel beats the
-# gather + SDPA path: at 2 to 8 rows it took 0.4-0.9x the reference's time, at 16 rows
-# 1.1-1.3x (batch 8, 100 and 1000 cached tokens, one thread).
+# gather + SDPA path: at 2 to 8 rows it took 0.4-1.2x the reference's time, at 16 rows
+# 0.95-1.3x (batch 8, 100 and 1000 cached tokens, one thread).
 NATIVE_MAX_ROWS = 12
 
 
