@@ -41,7 +41,8 @@ def available(x: torch.Tensor) -> bool:
 
 
 def _check(name: str, x: torch.Tensor) -> None:
-    if x.dtype != torch.float32 or x.device.type != "cpu" or x.stride(-1) != 1:
+    # Runs several times a layer: attribute tests only (x.device would build an object).
+    if x.dtype is not torch.float32 or not x.is_cpu or x.stride(-1) != 1:
         raise ValueError(f"{name} must be float32 on the CPU with contiguous rows")
 
 
