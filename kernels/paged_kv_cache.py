@@ -36,12 +36,7 @@ def _cdiv(a: int, b: int) -> int:
 
 def _rows_of_heads(x: torch.Tensor) -> bool:
     """float32 on the CPU, each token's heads one contiguous row (any token stride)."""
-    return (
-        x.dtype is torch.float32
-        and x.is_cpu
-        and x.stride(2) == 1
-        and x.stride(1) == x.shape[2]
-    )
+    return x.dtype is torch.float32 and x.is_cpu and x.stride(2) == 1 and x.stride(1) == x.shape[2]
 
 
 class PagedKVCache:
