@@ -58,7 +58,11 @@ def test_flashinfer_matches_reference_on_same_paged_data(ragged_batch, kv_dtype,
         num_kv_heads=2,
         device="cuda",
     )
-    fast = run(create_attention_backend("flashinfer", "cuda"), batch)
+    backend = create_attention_backend("flashinfer", "cuda")
+    fast = run(backend, batch)
+    # FlashInfer's e5m2 prefill is wrong (see flashinfer_backend): those steps go to the
+    # reference; every other case must run FlashInfer's own kernels.
+    assert backend.runs_flashinfer == (kv_dtype != torch.float8_e5m2 or shape is DECODE)
     ref = run(ReferenceAttentionBackend(), batch)
     assert fast.shape == ref.shape and fast.dtype == q_dtype
     torch.testing.assert_close(fast.float(), ref.float(), atol=atol, rtol=1e-2)
