@@ -24,10 +24,10 @@ __all__ = ["OutOfPagesError", "PageAllocator", "PagedKVCache", "SlotRows"]
 
 @dataclass(frozen=True)
 class SlotRows:
-    """Where :meth:`PagedKVCache.write` stores a step's K and V: made by ``slot_rows``,
-    which checks them against the cache, so the C copy can trust them."""
+    """Where :meth:`PagedKVCache.write` stores a step's K and V, made by ``slot_rows``."""
 
     rows: torch.Tensor  # int64 [2 * num_slots]: the K rows, then the V rows
+    checked: bool  # bounds-checked, so the C copy may use them
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -71,11 +71,16 @@ class PagedKVCache:
         ]
         self._pages: dict[str, list[int]] = {}
         self._lens: dict[str, int] = {}
-        # float32 on the CPU: writes are one C call (a row copy per token), not cat + index_copy_.
+        self._c_copy = None  # use_cpu_kernels
+
+    def use_cpu_kernels(self, enabled: bool) -> bool:
+        """Write float32 CPU layers with one C call (a row copy per token) instead of
+        cat + index_copy_, when ``enabled`` and the kernels build. Returns whether it is on."""
         self._c_copy = None
-        if dtype == torch.float32 and self.device.type == "cpu":
+        if enabled and self.dtype == torch.float32 and self.device.type == "cpu":
             with contextlib.suppress(NativeBuildError):  # no compiler: PyTorch copies
                 self._c_copy = load_library().specdec_write_kv
+        return self._c_copy is not None
 
     # ---- sizes -------------------------------------------------------------------------
 
@@ -165,7 +170,8 @@ class PagedKVCache:
 
     def slot_rows(self, slot_mapping: torch.Tensor) -> SlotRows:
         """Where ``write`` stores the K, then the V, of each slot. ValueError for a slot
-        outside the cache.
+        outside the cache when writes go through the C copy, which trusts the rows
+        (index_copy_ checks its own).
 
         Rows of a layer viewed as ``[num_pages * 2 * page_size, num_kv_heads, head_dim]``:
         slot ``s`` is K row ``(s // page_size) * 2 * page_size + s % page_size`` and its V
@@ -173,10 +179,12 @@ class PagedKVCache:
         """
         slots = slot_mapping.to(device=self.device, dtype=torch.int64).reshape(-1)
         ps = self.page_size
-        if slots.numel() and not 0 <= int(slots.min()) <= int(slots.max()) < self.num_pages * ps:
-            raise ValueError(f"slots must lie in [0, {self.num_pages * ps})")
+        checked = self._c_copy is not None
+        limit = self.num_pages * ps
+        if checked and slots.numel() and not 0 <= int(slots.min()) <= int(slots.max()) < limit:
+            raise ValueError(f"slots must lie in [0, {limit})")
         k_rows = (slots // ps) * (2 * ps) + slots % ps
-        return SlotRows(torch.cat([k_rows, k_rows + ps]))
+        return SlotRows(torch.cat([k_rows, k_rows + ps]), checked)
 
     def write(
         self,
@@ -200,7 +208,7 @@ class PagedKVCache:
         if rows.rows.shape != (2 * k.shape[0],):
             raise ValueError(f"{rows.rows.shape[0] // 2} slots given for {k.shape[0]} tokens")
         storage = self.kv_layers[layer]
-        if self._c_copy is not None and _rows_of_heads(k) and _rows_of_heads(v):
+        if self._c_copy is not None and rows.checked and _rows_of_heads(k) and _rows_of_heads(v):
             self._c_copy(
                 storage.data_ptr(), rows.rows.data_ptr(), k.data_ptr(), k.stride(0),
                 v.data_ptr(), v.stride(0), k.shape[0], self.num_kv_heads * self.head_dim,

@@ -56,6 +56,7 @@ class ModelRunner:
         # The C attention backend brings the C kernels for the rest of the layer with it;
         # the reference stays PyTorch throughout.
         self.cpu_kernels = self.model.use_cpu_kernels(isinstance(self.backend, CpuAttentionBackend))
+        self.cache.use_cpu_kernels(self.cpu_kernels)
         self._sm_scale = mc.head_dim**-0.5
         self._seq_tables: dict[str, KVScaleTable] = {}
         self.forward_seconds = 0.0  # wall time inside extend's forward passes

@@ -52,9 +52,7 @@ def test_write_stores_k_and_v_at_their_slots():
 @pytest.mark.parametrize("c_copy", [True, False], ids=["c-copy", "index-copy"])
 def test_write_takes_token_rows_of_strided_k_and_v(c_copy):
     cache = make_cache()
-    assert cache._c_copy is not None  # float32 on the CPU with a compiler: the C copy
-    if not c_copy:
-        cache._c_copy = None
+    assert cache.use_cpu_kernels(c_copy) == c_copy  # float32 on the CPU with a compiler
     cache.open("a")
     slots = cache.reserve(["a"], [5])
     qkv = torch.randn(5, 6, 3)  # as the model's packed projection: q, k, v heads per token
@@ -67,7 +65,9 @@ def test_write_takes_token_rows_of_strided_k_and_v(c_copy):
 
 
 def test_write_refuses_slots_outside_the_cache_and_miscounted_rows():
+    assert not make_cache().slot_rows(torch.tensor([0])).checked  # PyTorch writes check
     cache = make_cache()
+    assert cache.use_cpu_kernels(True)  # the C copy trusts slot_rows' check
     with pytest.raises(ValueError, match=r"slots must lie in \[0, 32\)"):
         cache.slot_rows(torch.tensor([3, 32]))
     rows = cache.slot_rows(torch.tensor([0, 1]))
