@@ -10,16 +10,13 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels.paged_kv_cache import OutOfPagesError
+from kernels.random_stream import DRAFT_DOMAIN, PROPOSE_DRAW, RandomStream
+from kernels.sampling import sample_token
 from runtime.kv_scales import KVScaleTable
 from runtime.model_runner import ModelRunner
+from runtime.sampling import Sampling
 from runtime.sequence import SequenceChunk
-from runtime.serving import (
-    InvalidRequestError,
-    OutOfSyncError,
-    Sampling,
-    UnknownRequestError,
-    sample_rows,
-)
+from runtime.serving import InvalidRequestError, OutOfSyncError, UnknownRequestError
 
 RESYNC_HINT = "re-sync from the log (release, then ingest from 0)"
 
@@ -75,7 +72,7 @@ class _Sequence:
     num_committed: int = 0
     last_token: int = -1
     tail: list[int] = field(default_factory=list)
-    generator: torch.Generator | None = None
+    stream: RandomStream | None = None  # the draft's own draws, made on the first sampled step
 
 
 @dataclass
@@ -298,7 +295,7 @@ class Drafter:
                 for w in active:
                     self._seqs[w.request_id].tail.append(tokens[w.request_id][-1])
             for w in active:
-                token, row = self._pick(w, logits[w.request_id])
+                token, row = self._pick(w, logits[w.request_id], position)
                 tokens[w.request_id].append(token)
                 if row is not None:
                     probs[w.request_id].append(row)
@@ -311,15 +308,16 @@ class Drafter:
             for w in work
         ]
 
-    def _pick(self, w: _Work, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
-        """Greedy: argmax. Sampling: a draw from q (the request's seeded generator) and q."""
+    def _pick(self, w: _Work, logits: torch.Tensor, index: int) -> tuple[int, torch.Tensor | None]:
+        """Greedy: argmax. Sampling: a draw from q and q itself; the draw is keyed by the
+        proposal's absolute position, so a draft rebuilt from the log proposes the same."""
         if w.sampling.greedy:
             return int(logits[-1].argmax()), None
         seq = self._seqs[w.request_id]
-        if seq.generator is None:
-            seq.generator = w.sampling.new_generator(logits.device)
-        q = w.sampling.probs(logits[-1:])
-        return sample_rows(q, seq.generator)[0], q[0]
+        if seq.stream is None:
+            seq.stream = w.sampling.random_stream(DRAFT_DOMAIN)
+        q = w.sampling.probs(logits[-1:])[0]
+        return sample_token(q, seq.stream.uniform(seq.num_committed + index, PROPOSE_DRAW)), q
 
 
 def _check_id(request_id: str, seen: dict | set, where: str) -> str:

@@ -6,7 +6,8 @@ import grpc
 
 from draft_service.drafter import Drafter, DraftStep, DraftStepResult, IngestPlan, ProposeEntry
 from protos.specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
-from runtime.serving import ModelServicer, Sampling, kv_table_from_proto, model_info
+from runtime.sampling import Sampling
+from runtime.serving import ModelServicer, kv_table_from_proto, model_info
 from telemetry.tracing import rpc_span
 
 

@@ -35,3 +35,22 @@ def logits_to_probs(
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
     return torch.softmax(scores, dim=-1)
+
+
+def sample_token(probs: torch.Tensor, u: float) -> int:
+    """The token whose CDF interval ``[F(x-1), F(x))`` holds ``u * sum(probs)``.
+
+    ``probs`` ``[V]`` is any non-negative vector (it need not be normalised); ``u`` is in
+    (0, 1). Inverse-CDF sampling turns one uniform into one token, so the token is a pure
+    function of the draw (see ``kernels.random_stream``); tokens of probability 0 are never
+    picked. The CDF is accumulated in float64 so a 150k vocabulary loses no mass.
+    """
+    cdf = torch.cumsum(probs.to(torch.float64), dim=-1)
+    total = float(cdf[-1])
+    if not total > 0.0:
+        raise ValueError("cannot sample from a distribution with no mass")
+    target = torch.tensor([u * total], dtype=torch.float64, device=cdf.device)
+    index = int(torch.searchsorted(cdf, target, right=True))
+    if index >= probs.shape[-1]:  # u * total rounded up to total: the last token with mass
+        index = int(torch.nonzero(probs > 0)[-1])
+    return index

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from kernels.random_stream import ACCEPT_DRAW, SAMPLE_DRAW, RandomStream
+from kernels.sampling import sample_token
+
 
 def verify_greedy(target_logits: torch.Tensor, proposals: list[int]) -> tuple[list[int], int]:
     """Accept the longest prefix of ``proposals`` equal to the target's argmax.
@@ -33,16 +36,24 @@ def chain_speculative_sampling(
     draft_probs: torch.Tensor,
     proposals: list[int],
     target_probs: torch.Tensor,
-    generator: torch.Generator | None = None,
+    stream: RandomStream,
+    first_position: int,
+    use_flashinfer: bool | None = None,
 ) -> tuple[list[int], int]:
     """Lossless chain rejection sampling, FlashInfer's ``chain_speculative_sampling`` rule.
 
     ``draft_probs`` ``[K, V]`` are the distributions the proposals were drawn from,
-    ``target_probs`` ``[K + 1, V]`` the target's. For each i, draw ``u ~ U(0, 1)`` and
-    accept ``x_i`` when ``u * q_i(x_i) < p_i(x_i)``; at the first rejection emit a sample
-    of ``normalize(relu(p_i - q_i))`` and stop; if all K are accepted emit a sample of
-    ``p_K``. The emitted tokens are distributed exactly as sampling from the target.
-    Deterministic for a given ``generator`` state.
+    ``target_probs`` ``[K + 1, V]`` the target's; row ``i`` decides the token at absolute
+    position ``first_position + i``. For each i, with ``u`` the stream's accept draw at that
+    position, accept ``x_i`` when ``u * q_i(x_i) < p_i(x_i)``; at the first rejection emit a
+    sample of ``normalize(relu(p_i - q_i))`` and stop; if all K are accepted emit a sample
+    of ``p_K`` (both with the position's sample draw). The emitted tokens are distributed
+    exactly as sampling from the target as long as ``stream`` is independent of the draws
+    that picked the proposals. A pure function of its arguments.
+
+    On CUDA with ``flashinfer`` importable (``use_flashinfer=None``) FlashInfer's fused
+    kernel runs instead, its generator seeded from the stream at ``first_position``; the
+    two paths agree in distribution, not sample by sample.
     """
     k = len(proposals)
     if draft_probs.shape[0] != k or target_probs.shape[0] != k + 1:
@@ -50,14 +61,17 @@ def chain_speculative_sampling(
             f"expected draft_probs [K={k}, V] and target_probs [K+1={k + 1}, V], got "
             f"{tuple(draft_probs.shape)} and {tuple(target_probs.shape)}"
         )
+    if use_flashinfer is None:
+        use_flashinfer = k > 0 and target_probs.is_cuda and _flashinfer_sampling() is not None
+    if use_flashinfer:
+        return _flashinfer_chain(draft_probs, proposals, target_probs, stream, first_position)
     p = target_probs.to(torch.float32)
     q = draft_probs.to(torch.float32)
-    device = p.device
-    idx = torch.tensor(proposals, dtype=torch.int64, device=device)
-    rows = torch.arange(k, device=device)
-    u = torch.rand(k, generator=generator, device=device)
+    idx = torch.tensor(proposals, dtype=torch.int64, device=p.device)
+    rows = torch.arange(k, device=p.device)
+    u = stream.uniforms(range(first_position, first_position + k), ACCEPT_DRAW)
     # One vectorised test for all positions, one host sync to find the first rejection.
-    ok = (u * q[rows, idx] < p[rows, idx]).tolist()
+    ok = (u * q[rows, idx].double().cpu() < p[rows, idx].double().cpu()).tolist()
     accepted = 0
     while accepted < k and ok[accepted]:
         accepted += 1
@@ -67,53 +81,35 @@ def chain_speculative_sampling(
             dist = p[accepted]
     else:
         dist = p[k]
-    token = int(torch.multinomial(dist, 1, generator=generator))
+    token = sample_token(dist, stream.uniform(first_position + accepted, SAMPLE_DRAW))
     return list(proposals[:accepted]) + [token], accepted
 
 
-def chain_speculative_sampling_batch(
+def _flashinfer_chain(
     draft_probs: torch.Tensor,
-    draft_token_ids: torch.Tensor,
+    proposals: list[int],
     target_probs: torch.Tensor,
-    generator: torch.Generator | None = None,
-    use_flashinfer: bool | None = None,
-) -> tuple[list[list[int]], list[int]]:
-    """Batched :func:`chain_speculative_sampling`: ``[B, K, V]``, ``[B, K]``, ``[B, K+1, V]``.
-
-    Uses FlashInfer's fused kernel when the tensors are on CUDA and ``flashinfer`` imports
-    (``use_flashinfer=None``), else the PyTorch rule row by row. Returns per-request emitted
-    tokens and accepted counts. The two paths agree in distribution, not sample by sample.
-    """
-    if use_flashinfer is None:
-        use_flashinfer = target_probs.is_cuda and _flashinfer_sampling() is not None
-    if not use_flashinfer:
-        results = [
-            chain_speculative_sampling(
-                draft_probs[b], draft_token_ids[b].tolist(), target_probs[b], generator
-            )
-            for b in range(target_probs.shape[0])
-        ]
-        return [r[0] for r in results], [r[1] for r in results]
-
+    stream: RandomStream,
+    first_position: int,
+) -> tuple[list[int], int]:
     sampling = _flashinfer_sampling()
     if sampling is None:
         raise RuntimeError("flashinfer is not installed (pip install flashinfer-python)")
-    batch = target_probs.shape[0]
-    accepted_any = torch.zeros(batch, dtype=torch.int32, device=target_probs.device)
-    emitted = torch.zeros(batch, dtype=torch.int32, device=target_probs.device)
+    device = target_probs.device
+    accepted_any = torch.zeros(1, dtype=torch.int32, device=device)
+    emitted = torch.zeros(1, dtype=torch.int32, device=device)
     out = sampling.chain_speculative_sampling(
-        draft_probs=draft_probs.to(torch.float32).contiguous(),
-        draft_token_ids=draft_token_ids.to(torch.int32).contiguous(),
-        target_probs=target_probs.to(torch.float32).contiguous(),
+        draft_probs=draft_probs[None].to(torch.float32).contiguous(),
+        draft_token_ids=torch.tensor([proposals], dtype=torch.int32, device=device),
+        target_probs=target_probs[None].to(torch.float32).contiguous(),
         maybe_output_accepted_token_num=accepted_any,
         maybe_output_emitted_draft_token_num=emitted,
-        generator=generator,
+        generator=stream.torch_generator(first_position, device),
     )
     if isinstance(out, tuple):  # older releases returned (tokens, accepted, emitted)
         out = out[0]
-    tokens = out.tolist()
-    counts = emitted.tolist()
-    return [row[: n + 1] for row, n in zip(tokens, counts, strict=True)], counts
+    accepted = int(emitted[0])
+    return out[0, : accepted + 1].tolist(), accepted
 
 
 def _flashinfer_sampling():

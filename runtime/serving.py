@@ -2,7 +2,7 @@
 
 The service config and its flags, the domain errors and the ONE place that maps them to
 status codes, the one-thread model executor, the Release/GetInfo RPCs, health +
-reflection, ModelInfo and KV-scale conversion, sampling parameters, warm-up, and the
+reflection, ModelInfo and KV-scale conversion, warm-up, and the
 create-server / serve-until-signal / main of a model service.
 """
 
@@ -29,7 +29,6 @@ from grpc_reflection.v1alpha import reflection
 from kernels.attention import ATTENTION_BACKENDS
 from kernels.fp8 import KV_CACHE_DTYPES
 from kernels.paged_kv_cache import OutOfPagesError
-from kernels.sampling import logits_to_probs
 from protos.specdec.v1 import common_pb2
 from runtime.config import COMPUTE_DTYPES, RuntimeConfig
 from runtime.kv_scales import KVScalesMismatchError, KVScaleTable
@@ -346,44 +345,3 @@ def model_info(runner: ModelRunner, **counters: int) -> common_pb2.ModelInfo:
         forward_seconds=runner.forward_seconds,
         **counters,
     )
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """``SamplingParams`` checked: temperature 0 = greedy; top_p 0 means off (1.0)."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-
-    @classmethod
-    def from_proto(cls, msg: common_pb2.SamplingParams, request_id: str) -> Sampling:
-        t, p = msg.temperature, msg.top_p
-        if not (t >= 0.0 and t != float("inf")):
-            raise InvalidRequestError(f"request {request_id}: temperature must be >= 0, got {t}")
-        if not 0.0 <= p <= 1.0:
-            raise InvalidRequestError(f"request {request_id}: top_p must be in [0, 1], got {p}")
-        seed = msg.seed if msg.HasField("seed") else None
-        return cls(float(t), float(p) if p > 0 else 1.0, int(msg.top_k), seed)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits_to_probs(logits, self.temperature, self.top_k, self.top_p)
-
-    def new_generator(self, device: torch.device) -> torch.Generator:
-        """Seeded from ``seed`` when set (reproducible output), else from fresh entropy."""
-        gen = torch.Generator(device=device)
-        if self.seed is None:
-            gen.seed()
-        else:
-            gen.manual_seed(self.seed)
-        return gen
-
-
-def sample_rows(probs: torch.Tensor, generator: torch.Generator) -> list[int]:
-    """One token per row of ``probs`` ``[N, V]``."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1).tolist()

@@ -6,7 +6,8 @@ import grpc
 import torch
 
 from protos.specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
-from runtime.serving import InvalidRequestError, ModelServicer, Sampling, model_info
+from runtime.sampling import Sampling
+from runtime.serving import InvalidRequestError, ModelServicer, model_info
 from target_service.verifier import PrefillChunk, Verifier, VerifyEntry, VerifyResult
 from telemetry.tracing import rpc_span
 

@@ -9,20 +9,13 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.verify import (
-    chain_speculative_sampling,
-    chain_speculative_sampling_batch,
-    verify_greedy,
-)
+from kernels.random_stream import SAMPLE_DRAW, TARGET_DOMAIN, RandomStream
+from kernels.sampling import sample_token
+from kernels.verify import chain_speculative_sampling, verify_greedy
 from runtime.model_runner import ModelRunner
+from runtime.sampling import Sampling
 from runtime.sequence import SequenceChunk
-from runtime.serving import (
-    InvalidRequestError,
-    OutOfSyncError,
-    Sampling,
-    UnknownRequestError,
-    sample_rows,
-)
+from runtime.serving import InvalidRequestError, OutOfSyncError, UnknownRequestError
 
 
 @dataclass(frozen=True)
@@ -65,28 +58,30 @@ class Verifier:
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
-        self._generators: dict[str, torch.Generator] = {}
+        # Per held sequence: its draws, keyed by (seed or fresh entropy, position), so the
+        # target's acceptance tests never share a stream with the draft's proposals.
+        self._streams: dict[str, RandomStream] = {}
         self.num_steps = 0
 
     @property
     def num_sequences(self) -> int:
-        return len(self._generators)
+        return len(self._streams)
 
     def release(self, request_ids: list[str]) -> int:
         """Drop the requests' sequences (ids not held are ignored); returns how many."""
         released = 0
         for rid in dict.fromkeys(request_ids):
-            if self._generators.pop(rid, None) is not None:
+            if self._streams.pop(rid, None) is not None:
                 self.runner.release(rid)
                 released += 1
         return released
 
     def verify(self, prefill: list[PrefillChunk], decode: list[VerifyEntry]) -> list[VerifyResult]:
         self._validate(prefill, decode)
-        opened = [c for c in prefill if c.request_id not in self._generators]
+        opened = [c for c in prefill if c.request_id not in self._streams]
         for c in opened:
             self.runner.open(c.request_id)
-            self._generators[c.request_id] = c.sampling.new_generator(self.runner.device)
+            self._streams[c.request_id] = c.sampling.random_stream(TARGET_DOMAIN)
         chunks = [SequenceChunk(c.request_id, list(c.token_ids), int(c.is_last)) for c in prefill]
         chunks += [
             SequenceChunk(e.request_id, [e.last_token_id, *e.proposal_ids], len(e.proposal_ids) + 1)
@@ -127,7 +122,7 @@ class Verifier:
                 )
         for e in decode:
             rid = self._check_id(e.request_id, seen)
-            if rid not in self._generators:
+            if rid not in self._streams:
                 raise UnknownRequestError(f"request {rid}: the target holds no sequence for it")
             held = self.runner.seq_len(rid)
             if e.start_position != held:
@@ -150,7 +145,7 @@ class Verifier:
                 )
 
     def _held(self, rid: str) -> int:
-        return self.runner.seq_len(rid) if rid in self._generators else 0
+        return self.runner.seq_len(rid) if rid in self._streams else 0
 
     def _check_id(self, rid: str, seen: set[str]) -> str:
         if not rid:
@@ -176,8 +171,9 @@ class Verifier:
             if c.sampling.greedy:
                 tokens = [int(logits[-1].argmax())]
             else:
-                gen = self._generators[c.request_id]
-                tokens = sample_rows(c.sampling.probs(logits[-1:]), gen)
+                position = c.start_position + len(c.token_ids)  # of the token sampled here
+                u = self._streams[c.request_id].uniform(position, SAMPLE_DRAW)
+                tokens = [sample_token(c.sampling.probs(logits[-1:])[0], u)]
         return VerifyResult(c.request_id, tokens, 0, self.runner.seq_len(c.request_id))
 
     def _accept(self, e: VerifyEntry, logits: torch.Tensor) -> VerifyResult:
@@ -191,13 +187,10 @@ class Verifier:
             else:
                 q = e.draft_probs.view(len(proposals), vocab).to(logits.device)
             p = e.sampling.probs(logits)
-            gen = self._generators[e.request_id]
-            if proposals:  # FlashInfer's fused kernel on CUDA, the PyTorch rule elsewhere
-                ids = torch.tensor([proposals], dtype=torch.long, device=logits.device)
-                tokens, counts = chain_speculative_sampling_batch(q[None], ids, p[None], gen)
-                emitted, accepted = tokens[0], counts[0]
-            else:  # K = 0: a plain sample from p
-                emitted, accepted = chain_speculative_sampling(q, proposals, p, gen)
+            # Row i decides the token at start_position + 1 + i; K = 0 is a plain sample.
+            emitted, accepted = chain_speculative_sampling(
+                q, proposals, p, self._streams[e.request_id], e.start_position + 1
+            )
         # Drop the KV of rejected proposals before answering.
         self.runner.truncate(e.request_id, e.start_position + 1 + accepted)
         return VerifyResult(e.request_id, emitted, accepted, self.runner.seq_len(e.request_id))
