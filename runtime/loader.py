@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from runtime.kv_scales import KVScaleTable
 from runtime.model import CausalLM, Linear
 from runtime.model_config import ModelConfig
 
@@ -23,6 +24,15 @@ PACKED_MODULES_MAPPING: dict[str, tuple[str, str]] = {
 # Per-layer FP8 KV scales, named as vLLM reads them.
 KV_SCALE_PATTERN = re.compile(r"^model\.layers\.(\d+)\.self_attn\.([kv])_scale$")
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def kv_scale_tensors(table: KVScaleTable) -> dict[str, torch.Tensor]:
+    """The table as checkpoint tensors: scalar float32, named as ``KV_SCALE_PATTERN`` reads."""
+    tensors = {}
+    for i, (k, v) in enumerate(zip(table.k_scale, table.v_scale, strict=True)):
+        tensors[f"model.layers.{i}.self_attn.k_scale"] = torch.tensor(k, dtype=torch.float32)
+        tensors[f"model.layers.{i}.self_attn.v_scale"] = torch.tensor(v, dtype=torch.float32)
+    return tensors
 
 
 def iterate_checkpoint(folder: str | Path) -> Iterator[tuple[str, torch.Tensor]]:

@@ -37,6 +37,9 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from runtime.kv_scales import KVScaleTable
+from runtime.loader import kv_scale_tensors
+
 EOS = "<|endoftext|>"
 FP8_E4M3_MAX = 448.0
 CORPUS_PACKAGES = ("transformers", "torch", "grpc", "google", "opentelemetry", "tokenizers")
@@ -272,12 +275,13 @@ def kv_scales(
     n = min(16, len(heldout) // seq_len)
     x = heldout[: n * seq_len].view(n, seq_len)
     cache = model(x, use_cache=True).past_key_values
-    scales = {}
-    for i, layer in enumerate(cache.layers):
-        for name, t in (("k_scale", layer.keys), ("v_scale", layer.values)):
-            amax = t.abs().max().float().clamp(min=1e-6)
-            scales[f"model.layers.{i}.self_attn.{name}"] = (amax / FP8_E4M3_MAX).reshape(())
-    return scales
+
+    def scale(t: torch.Tensor) -> float:
+        return (t.abs().max().float().clamp(min=1e-6) / FP8_E4M3_MAX).item()
+
+    k = [scale(layer.keys) for layer in cache.layers]
+    v = [scale(layer.values) for layer in cache.layers]
+    return kv_scale_tensors(KVScaleTable(1, "fp8", k, v))
 
 
 def save_model(model, tokenizer, scales: dict[str, torch.Tensor], folder: Path) -> None:

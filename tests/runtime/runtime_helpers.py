@@ -7,16 +7,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from runtime import ModelRunner, SequenceChunk
+from runtime import KVScaleTable, ModelRunner, SequenceChunk
+from runtime.loader import kv_scale_tensors
 
 
 def add_kv_scales(folder: Path, k: list[float], v: list[float]) -> None:
     """Add vLLM-named ``model.layers.{i}.self_attn.{k,v}_scale`` scalars to the checkpoint."""
     file = folder / "model.safetensors"
     tensors = load_file(str(file))
-    for i, (ks, vs) in enumerate(zip(k, v, strict=True)):
-        tensors[f"model.layers.{i}.self_attn.k_scale"] = torch.tensor(ks)
-        tensors[f"model.layers.{i}.self_attn.v_scale"] = torch.tensor(vs)
+    tensors.update(kv_scale_tensors(KVScaleTable(1, "fp8", k, v)))
     save_file(tensors, str(file), metadata={"format": "pt"})
 
 
