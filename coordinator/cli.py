@@ -65,6 +65,20 @@ def parse_ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(msg) from None
 
 
+def parse_messages(text: str) -> list[dict[str, str]]:
+    try:
+        messages = json.loads(text)
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m
+            for m in messages
+        ):
+            raise ValueError
+    except ValueError:
+        msg = f'--messages must be a JSON list of {{"role": ..., "content": ...}}: {text!r}'
+        raise argparse.ArgumentTypeError(msg) from None
+    return [{"role": m["role"], "content": str(m["content"])} for m in messages]
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     params = GenerateParams(
         max_tokens=args.max_tokens,
@@ -75,7 +89,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         num_speculative_tokens=args.num_speculative_tokens,
         ignore_eos=args.ignore_eos,
     )
-    prompt = args.prompt if args.prompt is not None else args.prompt_ids
+    if args.chat is not None:
+        prompt = [{"role": "user", "content": args.chat}]
+    else:
+        prompt = next(p for p in (args.prompt, args.prompt_ids, args.messages) if p is not None)
 
     def show(text: str) -> None:
         print(text, end="", flush=True)
@@ -124,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     prompt = gen.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt")
     prompt.add_argument("--prompt-ids", type=parse_ids)
+    prompt.add_argument(
+        "--messages", type=parse_messages, help='chat: \'[{"role": "user", "content": "..."}]\''
+    )
+    prompt.add_argument("--chat", help="one user turn, sent as chat messages")
     gen.add_argument("--max-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)

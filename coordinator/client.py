@@ -11,6 +11,9 @@ import grpc
 
 from protos.specdec.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
+# Text, token ids, or chat messages ({"role": ..., "content": ...}, OpenAI's shape).
+Prompt = str | list[int] | list[dict[str, str]]
+
 
 @dataclass(frozen=True)
 class GenerateParams:
@@ -46,7 +49,7 @@ class Completion:
 
 
 def generate_request(
-    prompt: str | list[int], params: GenerateParams, request_id: str = ""
+    prompt: Prompt, params: GenerateParams, request_id: str = ""
 ) -> coordinator_pb2.GenerateRequest:
     message = coordinator_pb2.GenerateRequest(
         request_id=request_id,
@@ -59,6 +62,9 @@ def generate_request(
     )
     if isinstance(prompt, str):
         message.text = prompt
+    elif prompt and isinstance(prompt[0], dict):
+        chat = [coordinator_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in prompt]
+        message.messages.messages.extend(chat)
     else:
         message.token_ids.ids.extend(prompt)
     if params.seed is not None:
@@ -86,13 +92,13 @@ class CoordinatorClient:
         self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
 
     def stream(
-        self, prompt: str | list[int], params: GenerateParams, timeout: float | None = None
+        self, prompt: Prompt, params: GenerateParams, timeout: float | None = None
     ) -> Iterator[coordinator_pb2.GenerateResponse]:
         return self.stub.Generate(generate_request(prompt, params), timeout=timeout)
 
     def generate(
         self,
-        prompt: str | list[int],
+        prompt: Prompt,
         params: GenerateParams,
         on_text: Callable[[str], None] | None = None,
         timeout: float | None = None,

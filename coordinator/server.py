@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 from tokenizers import Tokenizer
 
+from coordinator.chat import ChatTemplate
 from coordinator.config import CoordinatorConfig
 from coordinator.detokenizer import IncrementalDetokenizer, load_tokenizer
 from coordinator.engine import Engine, ModelLimits
@@ -84,22 +85,45 @@ def stats_pb(stats: SpecStats) -> coordinator_pb2.SpecDecodeStats:
     )
 
 
-def build_request(
-    message: coordinator_pb2.GenerateRequest, tokenizer: Tokenizer | None, limits: ModelLimits
-) -> Request:
-    """Validates a GenerateRequest and turns it into a `Request`; raises InvalidRequest."""
+def prompt_ids_of(
+    message: coordinator_pb2.GenerateRequest,
+    tokenizer: Tokenizer | None,
+    chat_template: ChatTemplate | None,
+) -> list[int]:
     kind = message.WhichOneof("prompt")
     if kind is None:
-        raise InvalidRequest("no prompt: set text or token_ids")
+        raise InvalidRequest("no prompt: set text, token_ids or messages")
+    if kind == "token_ids":
+        return list(message.token_ids.ids)
+    if tokenizer is None:
+        raise InvalidRequest(
+            f"a {kind} prompt needs a tokenizer: start the coordinator with --tokenizer, "
+            "or send token_ids"
+        )
     if kind == "text":
-        if tokenizer is None:
-            raise InvalidRequest(
-                "text prompt needs a tokenizer: start the coordinator with --tokenizer, "
-                "or send token_ids"
-            )
-        prompt_ids = tokenizer.encode(message.text).ids
-    else:
-        prompt_ids = list(message.token_ids.ids)
+        return tokenizer.encode(message.text).ids
+    if chat_template is None:
+        raise InvalidRequest(
+            "messages need a chat template, and the tokenizer folder's tokenizer_config.json "
+            "has none: send text or token_ids"
+        )
+    chat = [{"role": m.role, "content": m.content} for m in message.messages.messages]
+    try:
+        text = chat_template.render(chat)
+    except ValueError as e:
+        raise InvalidRequest(f"messages: {e}") from None
+    # The template writes the special tokens itself.
+    return tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def build_request(
+    message: coordinator_pb2.GenerateRequest,
+    tokenizer: Tokenizer | None,
+    limits: ModelLimits,
+    chat_template: ChatTemplate | None = None,
+) -> Request:
+    """Validates a GenerateRequest and turns it into a `Request`; raises InvalidRequest."""
+    prompt_ids = prompt_ids_of(message, tokenizer, chat_template)
     if not prompt_ids:
         raise InvalidRequest("empty prompt")
     too_big = next((t for t in prompt_ids if t >= limits.vocab_size), None)
@@ -141,15 +165,21 @@ def build_request(
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
-    def __init__(self, engine: Engine, tokenizer: Tokenizer | None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Tokenizer | None,
+        chat_template: ChatTemplate | None = None,
+    ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
+        self.chat_template = chat_template
 
     async def Generate(
         self, request: coordinator_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[coordinator_pb2.GenerateResponse]:
         try:
-            req = build_request(request, self.tokenizer, self.engine.limits)
+            req = build_request(request, self.tokenizer, self.engine.limits, self.chat_template)
             self.engine.add_request(req)
         except SpecDecError as e:
             await context.abort(status_code(e), str(e))
@@ -316,6 +346,7 @@ async def create_server(
         )
         limits = model_limits(config, draft_info, target_info)
         tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
+        chat_template = ChatTemplate.from_pretrained(config.tokenizer) if config.tokenizer else None
     except BaseException:
         for channel in channels:
             await channel.close()
@@ -336,7 +367,7 @@ async def create_server(
 
     server = grpc.aio.server()
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
-        CoordinatorServicer(engine, tokenizer), server
+        CoordinatorServicer(engine, tokenizer, chat_template), server
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
