@@ -8,6 +8,10 @@ from dataclasses import dataclass
 
 from coordinator.stats import SpecStats
 
+# Below this a temperature is greedy (vLLM's _SAMPLING_EPS): dividing float32 logits by
+# 1e-38 overflows to inf. The model services apply the same rule (runtime/sampling.py).
+MIN_SAMPLING_TEMPERATURE = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingParams:

@@ -34,7 +34,7 @@ from coordinator.errors import (
     SpecDecError,
 )
 from coordinator.metrics import Metrics, create_metrics, serve_metrics
-from coordinator.request import Request, SamplingParams
+from coordinator.request import MIN_SAMPLING_TEMPERATURE, Request, SamplingParams
 from coordinator.stats import SpecStats
 from protos.specdec.v1 import (
     common_pb2,
@@ -130,8 +130,10 @@ def build_request(
     if too_big is not None:
         raise InvalidRequest(f"token id {too_big} is out of range (vocab size {limits.vocab_size})")
     s = message.sampling
-    if math.isnan(s.temperature) or s.temperature < 0:
-        raise InvalidRequest(f"temperature must be >= 0 (0 = greedy), got {s.temperature}")
+    if not math.isfinite(s.temperature) or s.temperature < 0:
+        raise InvalidRequest(
+            f"temperature must be a finite number >= 0 (0 = greedy), got {s.temperature}"
+        )
     top_p = s.top_p if s.top_p != 0 else 1.0  # proto3 default 0 means unset
     if math.isnan(top_p) or not 0 < top_p <= 1:
         raise InvalidRequest(f"top_p must be in (0, 1], got {s.top_p}")
@@ -152,7 +154,8 @@ def build_request(
         request_id=message.request_id or uuid.uuid4().hex,
         prompt_ids=prompt_ids,
         sampling=SamplingParams(
-            temperature=s.temperature,
+            # As in vLLM, temperatures too small to divide logits by safely are greedy.
+            temperature=s.temperature if s.temperature >= MIN_SAMPLING_TEMPERATURE else 0.0,
             top_p=top_p,
             top_k=s.top_k,
             seed=s.seed if s.HasField("seed") else None,

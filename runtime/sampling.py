@@ -11,6 +11,8 @@ from kernels.sampling import logits_to_probs
 from protos.specdec.v1 import common_pb2
 from runtime.serving import InvalidRequestError
 
+MIN_SAMPLING_TEMPERATURE = 1e-5  # the coordinator's (coordinator/request.py), which has no torch
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -25,11 +27,14 @@ class Sampling:
     def from_proto(cls, msg: common_pb2.SamplingParams, request_id: str) -> Sampling:
         t, p = msg.temperature, msg.top_p
         if not (t >= 0.0 and t != float("inf")):
-            raise InvalidRequestError(f"request {request_id}: temperature must be >= 0, got {t}")
+            raise InvalidRequestError(
+                f"request {request_id}: temperature must be a finite number >= 0, got {t}"
+            )
         if not 0.0 <= p <= 1.0:
             raise InvalidRequestError(f"request {request_id}: top_p must be in [0, 1], got {p}")
         seed = msg.seed if msg.HasField("seed") else None
-        return cls(float(t), float(p) if p > 0 else 1.0, int(msg.top_k), seed)
+        greedy = t < MIN_SAMPLING_TEMPERATURE  # as the coordinator: 1e-38 would overflow
+        return cls(0.0 if greedy else float(t), float(p) if p > 0 else 1.0, int(msg.top_k), seed)
 
     @property
     def greedy(self) -> bool:

@@ -62,6 +62,8 @@ def gen(**kw) -> coordinator_pb2.GenerateRequest:
         (gen(token_ids=coordinator_pb2.TokenIds(ids=[])), "empty prompt"),
         (gen(token_ids=coordinator_pb2.TokenIds(ids=[1, 1000])), "token id 1000"),
         (gen(sampling=common_pb2.SamplingParams(temperature=-0.1)), "temperature"),
+        (gen(sampling=common_pb2.SamplingParams(temperature=float("inf"))), "finite"),
+        (gen(sampling=common_pb2.SamplingParams(temperature=float("nan"))), "finite"),
         (gen(sampling=common_pb2.SamplingParams(top_p=1.5)), "top_p"),
         (gen(sampling=common_pb2.SamplingParams(top_p=-0.5)), "top_p"),
         (gen(max_tokens=30), "exceeds max_model_len"),
@@ -99,3 +101,11 @@ def test_each_delta_decodes_a_window_not_the_whole_output(byte_tokenizer):
     deltas = [detok.update(ids[i : i + 3]) for i in range(0, len(ids), 3)]
     assert "".join(deltas) + detok.update([], final=True) == text
     assert spy.longest <= 6  # three new tokens, one of context, at most two held back
+
+
+@pytest.mark.parametrize("temperature", [1e-38, 1e-45, 9e-6])
+def test_temperatures_too_small_to_divide_by_are_greedy(temperature):
+    message = gen(sampling=common_pb2.SamplingParams(temperature=temperature, top_k=5))
+    assert build_request(message, None, LIMITS).sampling.greedy
+    sampled = gen(sampling=common_pb2.SamplingParams(temperature=1e-4))
+    assert build_request(sampled, None, LIMITS).sampling.temperature == pytest.approx(1e-4)

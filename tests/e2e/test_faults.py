@@ -101,3 +101,12 @@ def test_bad_input_is_invalid_argument_and_the_stack_keeps_serving(stack, prompt
         assert needle in err.value.details()
         ok = client.generate([1, 2, 3], GenerateParams(max_tokens=4, ignore_eos=True))
         assert len(ok.token_ids) == 4
+
+
+def test_a_tiny_temperature_is_greedy_and_its_batch_neighbours_finish_unchanged(stack, prompt_ids):
+    greedy = GenerateParams(max_tokens=24, ignore_eos=True)
+    _, expected = generate_concurrently(stack.baseline_address, prompt_ids[:5], greedy)
+    for temperature in (1e-38, 1e-45):
+        tiny = GenerateParams(max_tokens=24, ignore_eos=True, temperature=temperature, top_k=3)
+        _, outs = generate_concurrently(stack.address, prompt_ids[:5], [tiny] + [greedy] * 4)
+        assert [o.token_ids for o in outs] == [e.token_ids for e in expected]

@@ -176,3 +176,12 @@ def test_health_is_serving_and_reflection_lists_the_services(target):
     assert {"specdec.v1.TargetService", "grpc.health.v1.Health"} <= names
     info = stub.GetInfo(common_pb2.InfoRequest())
     assert (info.kv_cache_dtype, info.kv_scales.version, info.kv_scales.dtype) == ("fp8", 1, "fp8")
+
+
+@pytest.mark.parametrize("temperature", [1e-38, 1e-45])
+def test_a_temperature_too_small_to_divide_by_is_greedy_at_the_target(
+    target, make_runner, temperature
+):
+    _, stub = target
+    (result,) = verify(stub, [chunk("t", 0, PROMPT, True, temperature=temperature, top_k=3)])
+    assert list(result.token_ids) == greedy_decode(make_runner(), PROMPT, 1)
