@@ -113,7 +113,8 @@ class CoordinatorConfig:
     max_num_seqs: int = 16
     speculative_config: str = '{"num_speculative_tokens": 4}'
     draft_timeout: float = 2.0  # seconds per draft RPC; a miss runs the step with K = 0
-    draft_retry_interval: float = 1.0  # seconds before calling a failed draft again
+    draft_retry_interval: float = 1.0  # seconds before probing a failed draft again
+    draft_max_retry_interval: float = 5.0  # the probe's wait doubles up to this
     target_timeout: float = 300.0  # seconds per Verify
     connect_timeout: float = 120.0  # seconds to wait for both services at startup
     max_queue_len: int = 256  # waiting requests; more is RESOURCE_EXHAUSTED

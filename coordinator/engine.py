@@ -18,6 +18,7 @@ import grpc
 from opentelemetry import trace
 
 from coordinator.config import CoordinatorConfig
+from coordinator.draft_breaker import DraftBreaker
 from coordinator.errors import InvalidRequest, NotReady, ServiceError, SpecDecError
 from coordinator.messages import Proposals, draft_step_request, valid_proposals, verify_request
 from coordinator.metrics import Metrics
@@ -90,7 +91,9 @@ class Engine:
         self.draining = False
         self._pending_release: list[str] = []
         self._draft_orphans: list[str] = []  # departed while the draft was down
-        self._draft_down_until = 0.0
+        self.draft_breaker = DraftBreaker(
+            self._probe_draft, config.draft_retry_interval, config.draft_max_retry_interval
+        )
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -100,6 +103,7 @@ class Engine:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="engine")
 
     async def stop(self) -> None:
+        await self.draft_breaker.stop()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -163,7 +167,7 @@ class Engine:
         if self.config.draft_rebuild_every_step:
             for request in self.scheduler.running:
                 request.num_draft_cached = None
-        draft_available = self.draft is not None and time.monotonic() >= self._draft_down_until
+        draft_available = self.draft is not None and self.draft_breaker.closed
         plan = self.scheduler.schedule(draft_available=draft_available)
         if plan is None:
             return False
@@ -264,10 +268,14 @@ class Engine:
         return valid_proposals(plan, response, self.limits.vocab_size)
 
     def _mark_draft_down(self) -> None:
-        """Runs K = 0 for a while; whatever the draft held is unknown from now on."""
-        self._draft_down_until = time.monotonic() + self.config.draft_retry_interval
+        """Runs K = 0 until the draft answers a probe; what it held is unknown from now on."""
+        self.draft_breaker.trip()
         for request in self.scheduler.running:
             request.num_draft_cached = None
+
+    async def _probe_draft(self) -> None:
+        timeout = self.config.draft_timeout
+        await self._call(self.draft.GetInfo, common_pb2.InfoRequest(), timeout, grpc_metadata())
 
     # ---- target ----------------------------------------------------------------------
 
@@ -413,7 +421,7 @@ class Engine:
             return
         ids, self._pending_release = self._pending_release, []
         calls = [self._release(self.target, ids, _RELEASE_TIMEOUT)]
-        if self.draft is not None and time.monotonic() >= self._draft_down_until:
+        if self.draft is not None and self.draft_breaker.closed:
             calls.append(self._release(self.draft, ids, self.config.draft_timeout))
         elif self.draft is not None:
             self._draft_orphans.extend(ids)

@@ -129,7 +129,7 @@ def test_draft_error_runs_k0_then_resyncs_the_whole_log():
     # The verify after the failure had no proposals (K = 0) ...
     k0_verify = next(v for v in target.requests if v.step_id == draft.failed_request.step_id)
     assert [list(d.proposal_ids) for d in k0_verify.decode] == [[]]
-    assert r.stats.num_k0_steps == 1
+    assert r.stats.num_k0_steps >= 1 and engine.draft_breaker.num_trips == 1
     # ... and the next draft call released and re-ingested the whole log from 0.
     assert draft.releases[0] == ["a"]
     resync = draft.requests[failed + 1]
@@ -158,7 +158,7 @@ def test_draft_deadline_miss_is_a_k0_step():
     r = make_request("a", [1, 2, 3], max_tokens=8)
     (result,) = asyncio.run(run(engine, r))
     assert result == (expected_output(3, 8), "length", None)
-    assert r.stats.num_k0_steps == 1
+    assert r.stats.num_k0_steps >= 1
     assert any(s.ingest and s.ingest[0].start_position == 0 for s in calls[2:3])
 
 
@@ -265,3 +265,51 @@ def test_step_spans_carry_k_accepted_batch_size_and_propagate_context():
     assert any(s.attributes.get("specdec.accepted", 0) > 0 for s in steps)
     trace_ids = {format(s.context.trace_id, "032x") for s in steps}
     assert all(md.get("traceparent", "").split("-")[1] in trace_ids for md in target.metadata)
+
+
+def test_a_hung_draft_costs_one_deadline_then_steps_skip_it_until_a_probe_answers():
+    draft, target = FakeDraft(), FakeTarget(delay=0.01)
+    engine = make_engine(
+        draft, target, draft_timeout=0.05, draft_retry_interval=0.02, draft_max_retry_interval=0.1
+    )
+    hung = {"on": True}
+    step_calls, probes = [], []
+    original_step, original_info = draft.Step, draft.GetInfo
+
+    async def hang(timeout):  # as a stopped process: nothing until the deadline
+        await asyncio.sleep(timeout)
+        raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+
+    async def step(request, timeout=None, metadata=None):
+        step_calls.append(hung["on"])
+        return await (hang(timeout) if hung["on"] else original_step(request))
+
+    async def get_info(request, timeout=None, metadata=None, wait_for_ready=None):
+        probes.append(asyncio.get_running_loop().time())
+        return await (hang(timeout) if hung["on"] else original_info(request))
+
+    draft.Step, draft.GetInfo = step, get_info
+    r = make_request("a", [1, 2, 3], max_tokens=60)
+
+    async def scenario():
+        engine.start()
+        engine.add_request(r)
+        tokens = []
+        while len(tokens) < 40:
+            out = await asyncio.wait_for(r.outputs.get(), 5)
+            tokens += out.token_ids
+        hung["on"] = False
+        rest, reason, error = await collect(r)
+        await engine.stop()
+        return tokens + rest, reason, error
+
+    tokens, reason, error = asyncio.run(scenario())
+    assert (tokens, reason, error) == (expected_output(3, 60), "length", None)
+    # The hung draft met one step (one deadline); after that it was only probed, with
+    # waits that grow up to the cap, while the steps ran K = 0 without it.
+    assert step_calls.count(True) == 1
+    assert engine.draft_breaker.num_trips == 1 and engine.draft_breaker.num_failed_probes >= 2
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    assert len(gaps) >= 2 and gaps[-1] > gaps[0]
+    # Once a probe answered, drafting resumed: later steps proposed and were accepted.
+    assert r.stats.num_drafts > 0 and r.stats.num_accepted_tokens > 0
