@@ -13,6 +13,7 @@ import grpc
 
 from coordinator.client import CoordinatorClient, GenerateParams
 from coordinator.launcher import Stack, StackConfig
+from coordinator.supervisor import Supervisor
 
 
 def add_stack_args(parser: argparse.ArgumentParser) -> None:
@@ -46,12 +47,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     stack.start()
     print(f"coordinator listening on {stack.address}", flush=True)
     print(f"  target {stack.target_address}, draft {stack.draft_address or 'none'}", flush=True)
+    supervisor = Supervisor(stack)
     try:
         while not stop["now"]:
-            time.sleep(0.5)
-            if any(p.proc.poll() is not None for p in stack.processes):
-                print("a service exited; stopping the stack", file=sys.stderr)
-                break
+            time.sleep(0.2)
+            for line in supervisor.poll():
+                print(f"specdec up: {line}", file=sys.stderr, flush=True)
     finally:
         stack.stop()
     return 0

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 tracer = trace.get_tracer("specdec.coordinator")
 
 _RELEASE_TIMEOUT = 5.0
+_TARGET_PROBE_INTERVAL = 1.0  # seconds between target health probes, and their deadline
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self.totals = SpecStats()
         self.draining = False
+        self.target_available = True  # kept by `watch_target`; False refuses new requests
         self._pending_release: list[str] = []
         self._draft_orphans: list[str] = []  # departed while the draft was down
         self.draft_breaker = DraftBreaker(
@@ -116,6 +118,11 @@ class Engine:
     def add_request(self, request: Request) -> None:
         if self.draining:
             raise NotReady("coordinator is draining; send the request to another replica")
+        if not self.target_available:
+            raise NotReady(
+                "the target service is not answering; retry once the coordinator's health "
+                "reports SERVING"
+            )
         if request.request_id in self.requests:
             raise InvalidRequest(f"request_id {request.request_id!r} is already in flight")
         request.arrival_time = time.monotonic()
@@ -293,11 +300,31 @@ class Engine:
         except (grpc.RpcError, asyncio.TimeoutError) as e:
             code, details = _status_of(e)
             logger.warning("target failed step %d (%s: %s)", plan.step_id, code, details)
+            if code == "UNAVAILABLE":
+                self.target_available = False  # until watch_target hears from it again
             error = ServiceError(code, f"target service failed ({code}): {details}")
             for request in plan.requests:
                 self._finish(request, error=error)
             return None
         return {r.request_id: r for r in response.results}
+
+    async def watch_target(self, on_change: Callable[[bool], Awaitable[None]]) -> None:
+        """Probes the target (``GetInfo``) every second and keeps ``target_available``;
+        calls ``on_change`` when it flips. Runs until cancelled."""
+        reported = True
+        while True:
+            await asyncio.sleep(_TARGET_PROBE_INTERVAL)
+            try:
+                request = common_pb2.InfoRequest()
+                await self._call(self.target.GetInfo, request, _TARGET_PROBE_INTERVAL, ())
+                available = True
+            except (grpc.RpcError, asyncio.TimeoutError):
+                available = False
+            self.target_available = available
+            if available != reported:
+                logger.warning("target service %s", "is back" if available else "is down")
+                reported = available
+                await on_change(available)
 
     # ---- commit ----------------------------------------------------------------------
 

@@ -69,6 +69,7 @@ class ServiceProcess:
 
     def __init__(self, name: str, argv: list[str], echo: bool) -> None:
         self.name = name
+        self.argv = argv
         self.echo = echo
         self.lines: deque[str] = deque(maxlen=200)
         self.address: str | None = None
@@ -108,6 +109,14 @@ class ServiceProcess:
                 f"{self.name} exited with code {self.proc.poll()} before serving{self._tail()}"
             )
         return self.address
+
+    def respawned(self) -> ServiceProcess:
+        """The same command again, bound to the port this process had (it may have been
+        started with ``--port 0``), so whoever holds its address reaches the new one."""
+        argv = list(self.argv)
+        if self.address is not None and "--port" in argv:
+            argv[argv.index("--port") + 1] = self.address.rsplit(":", 1)[1]
+        return ServiceProcess(self.name, argv, self.echo)
 
     def _tail(self) -> str:
         return "; its last output:\n  " + "\n  ".join(list(self.lines)[-15:])

@@ -249,18 +249,33 @@ class CoordinatorServer:
         self.engine = engine
         self.health = health_servicer
         self.channels = channels
+        self._watch: asyncio.Task | None = None
 
     async def start(self) -> None:
         await self.server.start()
         self.engine.start()
+        await self._set_health(True)
+        self._watch = asyncio.get_running_loop().create_task(
+            self.engine.watch_target(self._on_target_change)
+        )
+
+    async def _set_health(self, serving: bool) -> None:
+        states = health_pb2.HealthCheckResponse
+        status = states.SERVING if serving else states.NOT_SERVING
         for name in ("", SERVICE_NAME):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            await self.health.set(name, status)
+
+    async def _on_target_change(self, available: bool) -> None:
+        # NOT_SERVING while the target is away, so a balancer sends requests elsewhere.
+        if not self.engine.draining:
+            await self._set_health(available)
 
     async def stop(self, grace: float | None = None) -> None:
         """Drains: new requests get UNAVAILABLE, running ones get `grace` seconds."""
         self.engine.draining = True
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._watch is not None:
+            self._watch.cancel()
+        await self._set_health(False)
         deadline = time.monotonic() + (grace or 0)
         while self.engine.num_unfinished and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
