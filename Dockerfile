@@ -48,6 +48,7 @@ RUN python /usr/local/bin/project_deps.py torch transformers safetensors > requi
 # Only the packages the coordinator imports; --no-deps keeps torch out.
 COPY protos protos
 COPY telemetry telemetry
+COPY auth auth
 COPY coordinator coordinator
 RUN pip install --no-deps . && rm -rf build *.egg-info
 # The tokenizer only (for text prompts and detokenising), not the 50 MB of weights.
@@ -82,6 +83,7 @@ COPY runtime runtime
 COPY draft_service draft_service
 COPY target_service target_service
 COPY telemetry telemetry
+COPY auth auth
 COPY coordinator coordinator
 RUN pip install --no-deps . \
     && if [ -n "$EXTRAS" ]; then pip install ".[$EXTRAS]"; fi \

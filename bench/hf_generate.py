@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from coordinator.client import Prompt
+from coordinator.launcher import TINY_DRAFT, TINY_TARGET, held_out_prompts
 
 
 @torch.no_grad()
@@ -40,18 +42,25 @@ def tok_s(target, prompts: list[torch.Tensor], new_tokens: int, **kwargs) -> flo
     return generated / seconds
 
 
+def encode(tokenizer, prompt: Prompt) -> torch.Tensor:
+    """``[1, n]`` ids, as the coordinator tokenises text or renders chat messages."""
+    if isinstance(prompt, str):
+        return tokenizer(prompt, return_tensors="pt")["input_ids"]
+    ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_dict=False)
+    return torch.tensor([list(ids)])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", default="models/target")
-    parser.add_argument("--draft", default="models/draft")
+    parser.add_argument("--target", default=str(TINY_TARGET))
+    parser.add_argument("--draft", default=str(TINY_DRAFT))
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=4)
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(args.target, local_files_only=True)
     target = AutoModelForCausalLM.from_pretrained(args.target, local_files_only=True).eval()
     draft = AutoModelForCausalLM.from_pretrained(args.draft, local_files_only=True).eval()
-    texts = json.loads((Path(args.target).parent / "heldout.json").read_text())["prompts"]
-    prompts = [tokenizer(t, return_tensors="pt")["input_ids"] for t in texts[: args.num_prompts]]
+    prompts = [encode(tokenizer, p) for p in held_out_prompts(args.target, args.num_prompts)]
     tok_s(target, prompts[:1], 8)  # warm-up
     tok_s(target, prompts[:1], 8, assistant_model=draft)
     result = {

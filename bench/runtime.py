@@ -4,7 +4,8 @@
 
 Batch 1 and batch 8 (eight prompts of equal length, so HF needs no padding), float32,
 ``auto`` KV cache; each engine's best of ``--rounds`` alternating rounds. Default model:
-``models/target`` if it has a config.json, else a random ~20M-parameter Qwen3 built in a
+the real target (``models/smollm2-135m-instruct``, fetched by scripts/fetch_models.py),
+else the bundled tiny ``models/target``, else a random ~20M-parameter Qwen3 built in a
 temp folder.
 """
 
@@ -25,10 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 from hf_generate import timed_greedy  # noqa: E402 (beside this file)
 
+from coordinator.launcher import REAL_TARGET, TINY_TARGET  # noqa: E402
 from kernels.attention import ATTENTION_BACKENDS  # noqa: E402
 from runtime import ModelRunner, SequenceChunk  # noqa: E402
-
-MODELS_DIR = ROOT / "models"
 
 PROMPT_LEN = 16
 BENCH_QWEN3 = dict(
@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_path = args.model
         if model_path is None:
-            target = MODELS_DIR / "target"
-            model_path = target if (target / "config.json").is_file() else None
+            found = [m for m in (REAL_TARGET, TINY_TARGET) if (m / "config.json").is_file()]
+            model_path = found[0] if found else None
         if model_path is None:
             model_path = build_random_qwen3(Path(tmp) / "qwen3-20m")
         results, agreement = bench(model_path, args.new_tokens, args.rounds, args.attention_backend)

@@ -23,7 +23,7 @@ import grpc
 
 from coordinator.client import CoordinatorClient, GenerateParams, generate_concurrently
 from coordinator.config import SpeculativeConfig
-from coordinator.launcher import Stack, StackConfig, bundled_prompts
+from coordinator.launcher import Stack, StackConfig, held_out_prompts
 from protos.specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 
 HF_SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "hf_generate.py"
@@ -38,13 +38,16 @@ def forward_seconds(stack: Stack) -> float:
         (stack.draft_address, draft_pb2_grpc.DraftServiceStub),
     ):
         with grpc.insecure_channel(address) as channel:
-            total += stub_cls(channel).GetInfo(common_pb2.InfoRequest(), timeout=10).forward_seconds
+            info = stub_cls(channel).GetInfo(
+                common_pb2.InfoRequest(), timeout=10, metadata=stack.internal_metadata
+            )
+            total += info.forward_seconds
     return total
 
 
 def measure(stack: Stack, spec: SpeculativeConfig, batch_sizes: list[int], new_tokens: int):
     params = GenerateParams(max_tokens=new_tokens, ignore_eos=True)
-    prompts = bundled_prompts(max(max(batch_sizes), NUM_BS1_PROMPTS))
+    prompts = held_out_prompts(stack.config.target_model, max(max(batch_sizes), NUM_BS1_PROMPTS))
     warm = replace(params, max_tokens=8)
     for address in (stack.address, stack.baseline_address):
         generate_concurrently(address, prompts[:2], warm)

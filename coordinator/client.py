@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from auth import API_KEY_ENV
 from protos.specdec.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 # Text, token ids, or chat messages ({"role": ..., "content": ...}, OpenAI's shape).
@@ -87,14 +89,19 @@ def stats_dict(stats: coordinator_pb2.SpecDecodeStats) -> dict:
 
 
 class CoordinatorClient:
-    def __init__(self, address: str) -> None:
+    """``api_key`` None: the ``SPECDEC_API_KEY`` environment variable, if set."""
+
+    def __init__(self, address: str, api_key: str | None = None) -> None:
         self.channel = grpc.insecure_channel(address)
         self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
+        key = os.environ.get(API_KEY_ENV, "") if api_key is None else api_key
+        self.metadata = (("authorization", f"Bearer {key}"),) if key else ()
 
     def stream(
         self, prompt: Prompt, params: GenerateParams, timeout: float | None = None
     ) -> Iterator[coordinator_pb2.GenerateResponse]:
-        return self.stub.Generate(generate_request(prompt, params), timeout=timeout)
+        message = generate_request(prompt, params)
+        return self.stub.Generate(message, timeout=timeout, metadata=self.metadata)
 
     def generate(
         self,
@@ -119,7 +126,9 @@ class CoordinatorClient:
         return out
 
     def totals(self) -> coordinator_pb2.SpecDecodeStats:
-        return self.stub.GetStats(coordinator_pb2.StatsRequest(), timeout=10)
+        return self.stub.GetStats(
+            coordinator_pb2.StatsRequest(), timeout=10, metadata=self.metadata
+        )
 
     def close(self) -> None:
         self.channel.close()

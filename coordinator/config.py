@@ -121,6 +121,7 @@ class CoordinatorConfig:
     kv_scales_file: str = ""  # JSON {"draft": table, "target": table} overriding the services
     draft_rebuild_every_step: bool = False  # control runs: re-ingest the whole log every step
     metrics_port: int = 0  # Prometheus /metrics; 0 = off
+    api_key: str = ""  # required as "authorization: Bearer KEY"; also SPECDEC_API_KEY
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:

@@ -1,4 +1,4 @@
-"""`specdec demo`: the stack on the bundled models, streaming, with a measured speedup."""
+"""`specdec demo`: the stack on the default pair, streaming, with a measured speedup."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from dataclasses import replace
 
 from coordinator.client import Completion, CoordinatorClient, GenerateParams
-from coordinator.launcher import Stack, StackConfig, bundled_prompts
+from coordinator.launcher import Stack, StackConfig, held_out_prompts
 
 
 def _rate(outs: list[Completion]) -> float:
@@ -24,12 +24,13 @@ def run_demo(config: StackConfig, num_prompts: int, max_tokens: int, verbose: bo
     with Stack(config, echo=verbose) as stack:
         print(f"stack ready in {time.perf_counter() - start:.1f}s: coordinator {stack.address}")
         params = GenerateParams(max_tokens=max_tokens)
-        prompts = bundled_prompts(num_prompts)
+        prompts = held_out_prompts(config.target_model, num_prompts)
         spec, base = [], []
         with CoordinatorClient(stack.address) as client:
             client.generate(prompts[0], replace(params, max_tokens=8))  # warm-up
             for i, prompt in enumerate(prompts, 1):
-                print(f"\n=== prompt {i}/{len(prompts)} ===\n{prompt}", end="")
+                shown = prompt if isinstance(prompt, str) else f"{prompt[-1]['content']}\n"
+                print(f"\n=== prompt {i}/{len(prompts)} ===\n{shown}", end="")
                 print("\033[1m", end="")
                 out = client.generate(prompt, params, on_text=_print)
                 print("\033[0m")

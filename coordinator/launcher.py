@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -23,7 +24,17 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from auth import API_KEY_ENV, INTERNAL_TOKEN_ENV
+from coordinator.chat import ChatTemplate
+from coordinator.client import Prompt
+
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+# The real pair: SmolLM2-135M-Instruct (fetched and converted by scripts/fetch_models.py)
+# and the draft trained for it; and the bundled tiny pair, the test suite's.
+REAL_TARGET = MODELS_DIR / "smollm2-135m-instruct"
+REAL_DRAFT = MODELS_DIR / "smollm2-draft"
+TINY_TARGET = MODELS_DIR / "target"
+TINY_DRAFT = MODELS_DIR / "draft"
 BANNER = re.compile(r"listening on (\S+):(\d+)\s*$")
 # One row per batch-size range: K=6 alone, fewer as the batch grows, none for big batches
 # (on a CPU the target's cost grows with the tokens it verifies). vLLM's format.
@@ -36,8 +47,8 @@ DEFAULT_SPECULATIVE_CONFIG = (
 class StackConfig:
     """The flags of `specdec up` (vLLM's names where vLLM has one)."""
 
-    target_model: str = str(MODELS_DIR / "target")
-    draft_model: str = str(MODELS_DIR / "draft")
+    target_model: str = str(TINY_TARGET)
+    draft_model: str = str(TINY_DRAFT)
     kv_cache_dtype: str = "auto"
     dtype: str = "float32"
     speculative_config: str = DEFAULT_SPECULATIVE_CONFIG
@@ -56,25 +67,32 @@ class StackConfig:
     draft_rebuild_every_step: bool = False
     with_baseline: bool = False  # also a target-only coordinator on the same target service
     metrics_port: int = 0
+    api_key: str = ""  # clients must send "authorization: Bearer KEY"; "" = open
 
 
-def bundled_prompts(n: int) -> list[str]:
-    """The first `n` held-out prompts written by scripts/train_models.py."""
-    prompts = json.loads((MODELS_DIR / "heldout.json").read_text())["prompts"]
-    return prompts[:n]
+def held_out_prompts(target_model: str, n: int) -> list[Prompt]:
+    """The first `n` prompts no draft was trained on, in the target's form: chat messages
+    for a target with a chat template (the real pair's held-out questions), else the
+    tiny pair's held-out code prompts."""
+    if ChatTemplate.from_pretrained(target_model) is not None:
+        return json.loads((REAL_DRAFT / "heldout_prompts.json").read_text())[:n]
+    return json.loads((MODELS_DIR / "heldout.json").read_text())["prompts"][:n]
 
 
 class ServiceProcess:
     """A child process whose output is kept (last lines) and optionally echoed."""
 
-    def __init__(self, name: str, argv: list[str], echo: bool) -> None:
+    def __init__(
+        self, name: str, argv: list[str], echo: bool, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.argv = argv
         self.echo = echo
+        self.env = env or {}
         self.lines: deque[str] = deque(maxlen=200)
         self.address: str | None = None
         self._ready = threading.Event()
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -116,7 +134,7 @@ class ServiceProcess:
         argv = list(self.argv)
         if self.address is not None and "--port" in argv:
             argv[argv.index("--port") + 1] = self.address.rsplit(":", 1)[1]
-        return ServiceProcess(self.name, argv, self.echo)
+        return ServiceProcess(self.name, argv, self.echo, self.env)
 
     def _tail(self) -> str:
         return "; its last output:\n  " + "\n  ".join(list(self.lines)[-15:])
@@ -160,6 +178,9 @@ class Stack:
         self.baseline_address = ""  # target-only coordinator, when config.with_baseline
         self.target_address = ""
         self.draft_address = ""
+        # Only this stack's coordinators may call its model services: a fresh secret per
+        # start, passed through the environment (never the command line).
+        self.internal_token = secrets.token_urlsafe(32)
 
     def _spawn_model(self, name: str, model: str, port: int) -> ServiceProcess:
         c = self.config
@@ -209,8 +230,16 @@ class Stack:
         ]  # fmt: skip
         return self._spawn(name, argv)
 
+    @property
+    def internal_metadata(self) -> tuple[tuple[str, str], ...]:
+        """Call metadata that lets a tool (a benchmark, a test) call the model services."""
+        return (("authorization", f"Bearer {self.internal_token}"),)
+
     def _spawn(self, name: str, argv: list[str]) -> ServiceProcess:
-        process = ServiceProcess(name, argv, self.echo)
+        env = {INTERNAL_TOKEN_ENV: self.internal_token}
+        if self.config.api_key and "coordinator" in name:
+            env[API_KEY_ENV] = self.config.api_key
+        process = ServiceProcess(name, argv, self.echo, env)
         self.processes.append(process)
         return process
 

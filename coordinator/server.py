@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import logging
 import math
+import os
 import signal
 import time
 import uuid
@@ -22,6 +23,12 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 from tokenizers import Tokenizer
 
+from auth import (
+    API_KEY_ENV,
+    INTERNAL_TOKEN_ENV,
+    BearerTokenClientInterceptor,
+    BearerTokenServerInterceptor,
+)
 from coordinator.chat import ChatTemplate
 from coordinator.config import CoordinatorConfig
 from coordinator.detokenizer import IncrementalDetokenizer, load_tokenizer
@@ -351,11 +358,17 @@ async def create_server(
 ) -> tuple[CoordinatorServer, int]:
     """Connects to both services, pins their ModelInfo, and starts serving on config.port
     (0 = any free port). Returns the started server and the bound port."""
-    channels = [grpc.aio.insecure_channel(config.target, options=CHANNEL_OPTIONS)]
+    token = os.environ.get(INTERNAL_TOKEN_ENV, "")
+    internal = [BearerTokenClientInterceptor(token)] if token else []
+
+    def channel(address: str) -> grpc.aio.Channel:
+        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=internal)
+
+    channels = [channel(config.target)]
     target = target_pb2_grpc.TargetServiceStub(channels[0])
     draft = None
     if config.draft:  # else target-only serving
-        channels.append(grpc.aio.insecure_channel(config.draft, options=CHANNEL_OPTIONS))
+        channels.append(channel(config.draft))
         draft = draft_pb2_grpc.DraftServiceStub(channels[1])
     try:
         target_info, draft_info = await asyncio.gather(
@@ -383,7 +396,11 @@ async def create_server(
         serve_metrics(metrics, config.metrics_port, host=config.host)
     engine = Engine(config, draft, target, limits, metrics)
 
-    server = grpc.aio.server()
+    api_key = config.api_key or os.environ.get(API_KEY_ENV, "")
+    who = f"this coordinator needs its API key (--api-key / {API_KEY_ENV})"
+    server = grpc.aio.server(
+        interceptors=[BearerTokenServerInterceptor(api_key, who)] if api_key else []
+    )
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
         CoordinatorServicer(engine, tokenizer, chat_template), server
     )

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import functools
 import logging
+import os
 import signal
 import typing
 from abc import ABC, abstractmethod
@@ -26,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from auth import INTERNAL_TOKEN_ENV, BearerTokenServerInterceptor
 from kernels.attention import ATTENTION_BACKENDS
 from kernels.fp8 import KV_CACHE_DTYPES
 from kernels.paged_kv_cache import OutOfPagesError
@@ -37,6 +39,10 @@ from runtime.sequence import SequenceChunk
 from telemetry.tracing import configure_tracing, shutdown_tracing
 
 log = logging.getLogger(__name__)
+INTERNAL_CALLER = (
+    f"only the coordinator of this stack may call a model service (it sends "
+    f"{INTERNAL_TOKEN_ENV}, which `specdec up` makes)"
+)
 T = TypeVar("T")
 
 # Draft probabilities are K x vocab float32 (8 x 152k x 4 B is ~5 MB): above gRPC's 4 MB.
@@ -274,7 +280,9 @@ class ModelService:
         executor = executor or ModelExecutor(f"{self.name}-model")
         if runner is None:
             runner = await executor.run(load_runner, config)
-        server = grpc.aio.server(options=GRPC_OPTIONS)
+        token = os.environ.get(INTERNAL_TOKEN_ENV, "")
+        interceptors = [BearerTokenServerInterceptor(token, INTERNAL_CALLER)] if token else []
+        server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=interceptors)
         self.add_to_server(self.servicer(self.model(runner), executor), server)
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)

@@ -7,21 +7,30 @@ from contextlib import contextmanager
 
 import grpc
 
-from coordinator.launcher import MODELS_DIR, Stack, StackConfig
+from coordinator.launcher import (
+    TINY_DRAFT,
+    TINY_TARGET,
+    Stack,
+    StackConfig,
+)
 from protos.specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 
-TARGET = str(MODELS_DIR / "target")
-DRAFT = str(MODELS_DIR / "draft")
+TARGET, DRAFT = str(TINY_TARGET), str(TINY_DRAFT)
 
 
 @contextmanager
 def running_stack(**overrides) -> Iterator[Stack]:
-    config = StackConfig(port=0, target_model=TARGET, draft_model=DRAFT, **overrides)
+    config = StackConfig(**{"port": 0, "target_model": TARGET, "draft_model": DRAFT, **overrides})
     with Stack(config, timeout=240) as stack:
         yield stack
 
 
-def service_info(address: str, draft: bool) -> common_pb2.ModelInfo:
-    stub_cls = draft_pb2_grpc.DraftServiceStub if draft else target_pb2_grpc.TargetServiceStub
+def service_info(stack: Stack, draft: bool) -> common_pb2.ModelInfo:
+    """The draft's or the target's ModelInfo, called with the stack's internal token."""
+    if draft:
+        stub_cls, address = draft_pb2_grpc.DraftServiceStub, stack.draft_address
+    else:
+        stub_cls, address = target_pb2_grpc.TargetServiceStub, stack.target_address
     with grpc.insecure_channel(address) as channel:
-        return stub_cls(channel).GetInfo(common_pb2.InfoRequest(), timeout=10)
+        request = common_pb2.InfoRequest()
+        return stub_cls(channel).GetInfo(request, timeout=10, metadata=stack.internal_metadata)

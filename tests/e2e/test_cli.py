@@ -37,6 +37,13 @@ def test_specdec_up_serves_generate_json_and_stops_on_sigterm():
         assert set(out["stats"]) >= {
             "num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position"
         }  # fmt: skip
+        # The bundled tiny target has no chat template: a chat turn is refused, clearly.
+        refused = subprocess.run(
+            [SPECDEC, "generate", "--address", address, "--chat", "hi", "--json"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert refused.returncode == 1
+        assert "INVALID_ARGUMENT" in refused.stderr and "chat template" in refused.stderr
     finally:
         up.terminate()
         assert up.wait(30) == 0

@@ -9,6 +9,7 @@ import grpc
 import pytest
 from e2e_stack import DRAFT, running_stack, service_info
 
+from auth import INTERNAL_TOKEN_ENV
 from coordinator.client import CoordinatorClient, GenerateParams, generate_concurrently
 from coordinator.launcher import ServiceProcess
 
@@ -45,7 +46,8 @@ def test_a_killed_draft_means_k0_steps_then_a_restarted_draft_is_resynced(stack,
 
     port = stack.draft_address.rsplit(":", 1)[1]
     argv = [sys.executable, "-m", "draft_service", "--model", DRAFT, "--port", port]
-    restarted = ServiceProcess("draft", argv, echo=False)
+    env = {INTERNAL_TOKEN_ENV: stack.internal_token}
+    restarted = ServiceProcess("draft", argv, echo=False, env=env)
     stack.processes.append(restarted)
     restarted.wait_ready(120)
     # The coordinator re-ingests from its log once the draft answers: drafts resume.
@@ -63,8 +65,8 @@ def test_a_killed_draft_means_k0_steps_then_a_restarted_draft_is_resynced(stack,
 
 def held_sequences(stack) -> tuple[int, int]:
     return (
-        service_info(stack.target_address, draft=False).num_sequences,
-        service_info(stack.draft_address, draft=True).num_sequences,
+        service_info(stack, draft=False).num_sequences,
+        service_info(stack, draft=True).num_sequences,
     )
 
 

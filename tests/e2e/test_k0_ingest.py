@@ -67,9 +67,9 @@ def run_pair(long_prompts, **stack_overrides):
     with running_stack(
         speculative_config=SCHEDULE, max_num_batched_tokens=128, **stack_overrides
     ) as stack:
-        before = service_info(stack.draft_address, draft=True).num_ingest_plans
+        before = service_info(stack, draft=True).num_ingest_plans
         outs = run_in_order(stack.address, long_prompts, params)
-        plans_seen_by_draft = service_info(stack.draft_address, draft=True).num_ingest_plans
+        plans_seen_by_draft = service_info(stack, draft=True).num_ingest_plans
         baseline = None
         if stack.baseline_address:
             _, baseline = generate_concurrently(stack.baseline_address, long_prompts, params)
@@ -102,7 +102,7 @@ def test_a_coordinator_that_skips_ingest_at_k0_is_refused(long_prompts):
     prompt = long_prompts[0][:64]
     with running_stack() as stack, grpc.insecure_channel(stack.draft_address) as channel:
         draft = draft_pb2_grpc.DraftServiceStub(channel)
-        table = service_info(stack.draft_address, draft=True).kv_scales
+        table = service_info(stack, draft=True).kv_scales
         first = draft.Step(
             draft_pb2.DraftStepRequest(
                 kv_scales_version=table.version,
@@ -111,6 +111,7 @@ def test_a_coordinator_that_skips_ingest_at_k0_is_refused(long_prompts):
                 propose=[draft_pb2.ProposeEntry(request_id="r", num_tokens=3)],
             ),
             timeout=30,
+            metadata=stack.internal_metadata,
         )
         assert first.cached[0].num_cached_tokens == len(prompt)
         # The target accepted one proposal plus a bonus; then a K = 0 step committed one
@@ -129,8 +130,10 @@ def test_a_coordinator_that_skips_ingest_at_k0_is_refused(long_prompts):
                     propose=[draft_pb2.ProposeEntry(request_id="r", num_tokens=3)],
                 ),
                 timeout=30,
+                metadata=stack.internal_metadata,
             )
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert str(skipped_start) in err.value.details()
         assert str(len(prompt)) in err.value.details()
-        draft.Release(common_pb2.ReleaseRequest(request_ids=["r"]), timeout=10)
+        release = common_pb2.ReleaseRequest(request_ids=["r"])
+        draft.Release(release, timeout=10, metadata=stack.internal_metadata)

@@ -1,24 +1,30 @@
-"""Greedy speculative output equals target-only output, token for token."""
+"""Greedy speculative output equals target-only output, token for token, and transformers'.
+
+Both pairs: the bundled tiny pair on held-out code prompts, and the real pair
+(SmolLM2-135M-Instruct and its draft) on held-out chat prompts sent as messages.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
-from e2e_stack import TARGET, running_stack
-from transformers import AutoModelForCausalLM
+from e2e_stack import DRAFT, TARGET, running_stack
 
 from coordinator.client import GenerateParams, generate_concurrently
+from coordinator.launcher import REAL_DRAFT, REAL_TARGET, held_out_prompts
 
-NUM_PROMPTS = 8
 NEW_TOKENS = 40
 
 
-@pytest.fixture(scope="module")
-def hf_greedy(prompt_ids) -> list[list[int]]:
-    model = AutoModelForCausalLM.from_pretrained(TARGET, local_files_only=True).eval()
+def hf_greedy(target: str, prompt_ids: list[list[int]]) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target, local_files_only=True).eval()
     outs = []
     with torch.no_grad():
-        for ids in prompt_ids[:NUM_PROMPTS]:
+        for ids in prompt_ids:
             x = torch.tensor([ids])
             y = model.generate(
                 x,
@@ -31,11 +37,40 @@ def hf_greedy(prompt_ids) -> list[list[int]]:
     return outs
 
 
+def real_pair_prompts() -> tuple[list, list[list[int]]]:
+    """Four held-out chat prompts as messages, and as the ids transformers renders."""
+    if not (
+        Path(REAL_TARGET, "config.json").is_file() and Path(REAL_DRAFT, "config.json").is_file()
+    ):
+        pytest.skip("the real pair is not here: run scripts/fetch_models.py")
+    from transformers import AutoTokenizer
+
+    chats = held_out_prompts(str(REAL_TARGET), 4)
+    tokenizer = AutoTokenizer.from_pretrained(str(REAL_TARGET))
+    ids = [
+        list(tokenizer.apply_chat_template(c, add_generation_prompt=True, return_dict=False))
+        for c in chats
+    ]
+    return chats, ids
+
+
+@pytest.fixture(scope="module", params=["tiny", "smollm2"])
+def pair(request, prompt_ids):
+    """(target, draft, prompts as sent, transformers' greedy output for them)."""
+    if request.param == "tiny":
+        prompts = ids = prompt_ids[:8]
+        return TARGET, DRAFT, prompts, hf_greedy(TARGET, ids)
+    chats, ids = real_pair_prompts()
+    return str(REAL_TARGET), str(REAL_DRAFT), chats, hf_greedy(str(REAL_TARGET), ids)
+
+
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_greedy_spec_output_equals_target_only_for_k_1_3_5(kv_cache_dtype, prompt_ids, hf_greedy):
-    prompts = prompt_ids[:NUM_PROMPTS]
+def test_greedy_spec_output_equals_target_only_for_k_1_3_5(kv_cache_dtype, pair):
+    target, draft, prompts, hf_outputs = pair
     params = GenerateParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     with running_stack(
+        target_model=target,
+        draft_model=draft,
         kv_cache_dtype=kv_cache_dtype,
         speculative_config='{"num_speculative_tokens": 5}',
         with_baseline=True,
@@ -58,4 +93,4 @@ def test_greedy_spec_output_equals_target_only_for_k_1_3_5(kv_cache_dtype, promp
         # No draft is ever longer than the K asked for.
         assert all(len(o.stats["accepted_per_position"]) <= k for o in outs)
     if kv_cache_dtype == "auto":
-        assert expected == hf_greedy
+        assert expected == hf_outputs

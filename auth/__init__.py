@@ -1,0 +1,27 @@
+"""Bearer-token authentication for the three services' gRPC hops (no torch, like telemetry).
+
+- The public API may require an API key: ``authorization: Bearer KEY`` on every call to the
+  coordinator's own services (``SPECDEC_API_KEY`` / ``--api-key``).
+- The internal hops carry a token only the stack's processes know
+  (``SPECDEC_INTERNAL_TOKEN``, made by ``specdec up``): the model services refuse any other
+  caller, so nobody who merely reaches their ports can touch a live sequence.
+
+Health checks and server reflection stay open, so probes and ``grpcurl list`` still work.
+Tokens are compared in constant time.
+"""
+
+from __future__ import annotations
+
+from auth.bearer import (
+    API_KEY_ENV,
+    INTERNAL_TOKEN_ENV,
+    BearerTokenClientInterceptor,
+    BearerTokenServerInterceptor,
+)
+
+__all__ = [
+    "API_KEY_ENV",
+    "INTERNAL_TOKEN_ENV",
+    "BearerTokenClientInterceptor",
+    "BearerTokenServerInterceptor",
+]
