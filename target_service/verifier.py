@@ -61,6 +61,7 @@ class Verifier:
         # Per held sequence: its draws, keyed by (seed or fresh entropy, position), so the
         # target's acceptance tests never share a stream with the draft's proposals.
         self._streams: dict[str, RandomStream] = {}
+        self._prefilled: set[str] = set()  # sequences whose last prefill chunk has run
         self.num_steps = 0
 
     @property
@@ -72,6 +73,7 @@ class Verifier:
         released = 0
         for rid in dict.fromkeys(request_ids):
             if self._streams.pop(rid, None) is not None:
+                self._prefilled.discard(rid)
                 self.runner.release(rid)
                 released += 1
         return released
@@ -92,6 +94,7 @@ class Verifier:
         except BaseException:
             self.release([c.request_id for c in opened])  # extend changed nothing else
             raise
+        self._prefilled.update(c.request_id for c in prefill if c.is_last)
         results = [self._emit_first(c, out) for c, out in zip(prefill, logits, strict=False)]
         results += [
             self._accept(e, out) for e, out in zip(decode, logits[len(prefill) :], strict=True)
@@ -107,6 +110,11 @@ class Verifier:
         for c in prefill:
             rid = self._check_id(c.request_id, seen)
             held = self._held(rid)
+            if rid in self._prefilled:
+                raise OutOfSyncError(
+                    f"request {rid}: its prompt was already prefilled (a chunk with is_last "
+                    f"ran); send verify entries, not prefill chunks"
+                )
             if c.start_position != held:
                 raise OutOfSyncError(
                     f"request {rid}: prefill chunk starts at {c.start_position} but the target "
@@ -124,6 +132,11 @@ class Verifier:
             rid = self._check_id(e.request_id, seen)
             if rid not in self._streams:
                 raise UnknownRequestError(f"request {rid}: the target holds no sequence for it")
+            if rid not in self._prefilled:
+                raise OutOfSyncError(
+                    f"request {rid}: verify before its prefill finished (no chunk with "
+                    f"is_last has run)"
+                )
             held = self.runner.seq_len(rid)
             if e.start_position != held:
                 raise OutOfSyncError(
@@ -143,6 +156,8 @@ class Verifier:
                     f"request {rid}: draft_probs holds {got} floats, expected K x vocab = "
                     f"{k} x {self.runner.vocab_size} = {expected} (float32, {expected * 4} bytes)"
                 )
+            if not e.sampling.greedy and k:
+                _check_draft_probs(rid, e.draft_probs.view(k, -1), e.proposal_ids)
 
     def _held(self, rid: str) -> int:
         return self.runner.seq_len(rid) if rid in self._streams else 0
@@ -194,3 +209,23 @@ class Verifier:
         # Drop the KV of rejected proposals before answering.
         self.runner.truncate(e.request_id, e.start_position + 1 + accepted)
         return VerifyResult(e.request_id, emitted, accepted, self.runner.seq_len(e.request_id))
+
+
+def _check_draft_probs(rid: str, q: torch.Tensor, proposals: tuple[int, ...]) -> None:
+    """Rejection sampling is exact only for the distributions the proposals were drawn
+    from: each row a probability vector that gives its proposal a positive probability."""
+    if not bool(torch.isfinite(q).all()) or bool((q < 0).any()):
+        raise InvalidRequestError(f"request {rid}: draft_probs must be finite and >= 0")
+    sums = q.sum(-1, dtype=torch.float64)
+    bad = torch.nonzero((sums - 1.0).abs() > 1e-3).flatten().tolist()
+    if bad:
+        raise InvalidRequestError(
+            f"request {rid}: draft_probs row {bad[0]} sums to {float(sums[bad[0]]):.6g}, not 1"
+        )
+    picked = q[torch.arange(len(proposals)), torch.tensor(proposals)]
+    zero = torch.nonzero(picked <= 0).flatten().tolist()
+    if zero:
+        raise InvalidRequestError(
+            f"request {rid}: draft_probs gives proposal {zero[0]} (token "
+            f"{proposals[zero[0]]}) probability 0; it cannot have been drawn from it"
+        )

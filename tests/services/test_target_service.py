@@ -92,15 +92,56 @@ def test_prefill_and_verify_run_in_one_step_for_different_requests(target, make_
 @pytest.mark.parametrize("where", ["prefill", "decode"])
 def test_out_of_sync_start_position_is_failed_precondition(target, where):
     server, stub = target
-    first = prefill(stub, "r1", PROMPT)
     if where == "prefill":
+        verify(stub, [chunk("r1", 0, PROMPT)])  # not the last chunk
         request = ([chunk("r1", 3, [5], is_last=True)], [])
     else:
+        first = prefill(stub, "r1", PROMPT)
         request = ([], [entry("r1", len(PROMPT) + 2, first, [4, 5])])
     error = status_of(lambda: verify(stub, *request))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "request r1" in error.details()
     assert f"holds {len(PROMPT)}" in error.details()
+    assert server.runner.seq_len("r1") == len(PROMPT)
+
+
+def test_a_prefill_chunk_after_the_last_one_and_a_verify_before_it_are_refused(target):
+    server, stub = target
+    verify(stub, [chunk("early", 0, PROMPT)])  # prefill not finished
+    error = status_of(lambda: verify(stub, [], [entry("early", len(PROMPT), 5, [])]))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "before its prefill finished" in error.details()
+    prefill(stub, "done", PROMPT)
+    error = status_of(lambda: verify(stub, [chunk("done", len(PROMPT), [5, 6], is_last=True)]))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "already prefilled" in error.details()
+    assert server.runner.seq_len("done") == len(PROMPT)
+
+
+def probs_with(change) -> bytes:
+    q = np.full((2, VOCAB), 1.0 / VOCAB, dtype="<f4")
+    change(q)
+    return q.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda q: q.__setitem__((0, 9), -0.5), "finite and >= 0"),
+        (lambda q: q.__setitem__((1, 9), np.inf), "finite and >= 0"),
+        (lambda q: q.__setitem__((1, 9), np.nan), "finite and >= 0"),
+        (lambda q: q.__setitem__(0, 0.0), "row 0 sums to 0"),
+        (lambda q: q.__setitem__(1, 2.0 / VOCAB), "row 1 sums to 2"),
+        (lambda q: (q.__setitem__((1, 5), 0.0), q.__setitem__((1, 6), 2.0 / VOCAB)), "token 5"),
+    ],
+)
+def test_draft_probs_that_no_proposal_was_drawn_from_are_invalid(target, change, needle):
+    server, stub = target
+    first = prefill(stub, "r1", PROMPT)
+    bad = entry("r1", len(PROMPT), first, [4, 5], probs_with(change), temperature=1.0)
+    error = status_of(lambda: verify(stub, [], [bad]))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "request r1: draft_probs" in error.details() and needle in error.details()
     assert server.runner.seq_len("r1") == len(PROMPT)
 
 
