@@ -65,6 +65,7 @@ class DraftServicer(ModelServicer, draft_pb2_grpc.DraftServiceServicer):
     # Run on the executor thread, as ModelServicer's.
 
     def _step(self, request: draft_pb2.DraftStepRequest) -> draft_pb2.DraftStepResponse:
+        self.touch([p.request_id for p in request.ingest] + [p.request_id for p in request.propose])
         return result_to_proto(self.model.step(step_from_proto(request)))
 
     def _info(self) -> common_pb2.ModelInfo:

@@ -14,9 +14,10 @@ import functools
 import logging
 import os
 import signal
+import time
 import typing
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, TypeVar
@@ -82,6 +83,10 @@ class ServiceConfig:
     grace_s: float = field(default=5.0, metadata={"help": "drain time on SIGTERM"})
     num_threads: int = field(
         default=0, metadata={"help": "torch intra-op threads for model work (0: all cores)"}
+    )
+    sequence_idle_timeout: float = field(
+        default=600.0,
+        metadata={"help": "seconds after which a sequence no call has touched is released"},
     )
 
     def runtime_config(self) -> RuntimeConfig:
@@ -221,6 +226,34 @@ class ModelServicer(ABC):
     def __init__(self, model: ServedModel, executor: ModelExecutor) -> None:
         self.model = model
         self.executor = executor
+        self._last_touched: dict[str, float] = {}  # request id -> monotonic time
+
+    def touch(self, request_ids: Iterable[str]) -> None:
+        """Marks sequences as in use (call on the executor thread, from each RPC)."""
+        now = time.monotonic()
+        for rid in request_ids:
+            self._last_touched[rid] = now
+
+    def start_reclaiming(self, idle_timeout: float) -> None:
+        """Releases, every ``idle_timeout / 4`` seconds, the sequences nobody has touched
+        for ``idle_timeout``: a caller that vanished cannot pin the KV pool. Runs as long
+        as the event loop that serves."""
+        loop = asyncio.get_running_loop()
+        self._reclaiming = loop.create_task(self._reclaim_idle(idle_timeout))
+
+    async def _reclaim_idle(self, idle_timeout: float) -> None:
+        while True:
+            await asyncio.sleep(idle_timeout / 4)
+            released = await self.executor.run(self._release_idle, idle_timeout)
+            if released:
+                log.warning("released %d sequences idle for over %gs", released, idle_timeout)
+
+    def _release_idle(self, idle_timeout: float) -> int:
+        cutoff = time.monotonic() - idle_timeout
+        idle = [rid for rid, t in self._last_touched.items() if t < cutoff]
+        for rid in idle:
+            del self._last_touched[rid]
+        return self.model.release(idle)
 
     async def Release(
         self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
@@ -235,6 +268,8 @@ class ModelServicer(ABC):
     # Run on the executor thread: the model and its runner have one caller at a time.
 
     def _release(self, request: common_pb2.ReleaseRequest) -> common_pb2.ReleaseResponse:
+        for rid in request.request_ids:
+            self._last_touched.pop(rid, None)
         num_released = self.model.release(list(request.request_ids))
         return common_pb2.ReleaseResponse(
             num_released=num_released, num_free_pages=self.model.runner.num_free_pages
@@ -283,7 +318,9 @@ class ModelService:
         token = os.environ.get(INTERNAL_TOKEN_ENV, "")
         interceptors = [BearerTokenServerInterceptor(token, INTERNAL_CALLER)] if token else []
         server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=interceptors)
-        self.add_to_server(self.servicer(self.model(runner), executor), server)
+        servicer = self.servicer(self.model(runner), executor)
+        self.add_to_server(servicer, server)
+        servicer.start_reclaiming(config.sequence_idle_timeout)
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         names = (self.service_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)

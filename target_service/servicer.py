@@ -73,6 +73,7 @@ class TargetServicer(ModelServicer, target_pb2_grpc.TargetServiceServicer):
     def _verify(self, request: target_pb2.VerifyRequest) -> target_pb2.VerifyResponse:
         prefill = [prefill_from_proto(c) for c in request.prefill]
         decode = [entry_from_proto(e) for e in request.decode]
+        self.touch([c.request_id for c in prefill] + [e.request_id for e in decode])
         results = self.model.verify(prefill, decode)
         return target_pb2.VerifyResponse(results=[result_to_proto(r) for r in results])
 

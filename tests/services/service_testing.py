@@ -35,8 +35,16 @@ class ServerThread:
     def close(self) -> None:
         self.channel.close()
         self._await(self._server.stop(None))
+        self._await(_cancel_other_tasks())  # e.g. the idle-sequence reclaimer
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+
+
+async def _cancel_other_tasks() -> None:
+    tasks = asyncio.all_tasks() - {asyncio.current_task()}
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def greedy_decode(runner: ModelRunner, prompt: list[int], num_tokens: int) -> list[int]:

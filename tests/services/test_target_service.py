@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from service_testing import greedy_decode, status_of
+from service_testing import ServerThread, greedy_decode, status_of
 
 from protos.specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
 from target_service.server import create_server
@@ -226,3 +229,24 @@ def test_a_temperature_too_small_to_divide_by_is_greedy_at_the_target(
     _, stub = target
     (result,) = verify(stub, [chunk("t", 0, PROMPT, True, temperature=temperature, top_k=3)])
     assert list(result.token_ids) == greedy_decode(make_runner(), PROMPT, 1)
+
+
+def test_sequences_nobody_touches_are_reclaimed_and_live_ones_stay(service_config, make_runner):
+    config = dataclasses.replace(service_config, sequence_idle_timeout=0.6)
+    server = ServerThread(create_server, config, make_runner())
+    try:
+        stub = target_pb2_grpc.TargetServiceStub(server.channel)
+        free = server.runner.num_free_pages
+        prefill(stub, "abandoned", PROMPT)
+        first = prefill(stub, "live", PROMPT)
+        deadline = time.monotonic() + 10
+        while server.runner.has("abandoned") and time.monotonic() < deadline:
+            # "live" keeps verifying (K = 0) while "abandoned" is never called again.
+            (result,) = verify(stub, [], [entry("live", server.runner.seq_len("live"), first, [])])
+            first = result.token_ids[0]
+            time.sleep(0.05)
+        assert not server.runner.has("abandoned") and server.runner.has("live")
+        stub.Release(common_pb2.ReleaseRequest(request_ids=["live"]))
+        assert server.runner.num_free_pages == free
+    finally:
+        server.close()
