@@ -8,6 +8,7 @@ only where a compose client is installed.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -172,10 +173,19 @@ def test_compose_file_validates_with_the_compose_client():
     client = compose_client()
     if client is None:
         pytest.skip("neither docker-compose nor `docker compose` is installed")
-    result = subprocess.run(
-        [*client, "-f", str(COMPOSE_FILE), "config", "-q"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    argv = [*client, "-f", str(COMPOSE_FILE), "config", "-q"]
+    env = dict(os.environ, SPECDEC_INTERNAL_TOKEN="a-test-secret")
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 0, result.stderr
+    # Without the internal token the file refuses to start the stack open.
+    env.pop("SPECDEC_INTERNAL_TOKEN")
+    refused = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    assert refused.returncode != 0 and "SPECDEC_INTERNAL_TOKEN" in refused.stderr
+
+
+@pytest.mark.parametrize("name", ["target", "draft", "coordinator"])
+def test_services_require_the_internal_token_and_only_the_coordinator_publishes(services, name):
+    assert environment(services[name])["SPECDEC_INTERNAL_TOKEN"].startswith(
+        "${SPECDEC_INTERNAL_TOKEN:?"
+    )
+    assert ("ports" in services[name]) == (name == "coordinator")
