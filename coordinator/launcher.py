@@ -54,6 +54,7 @@ class StackConfig:
     speculative_config: str = DEFAULT_SPECULATIVE_CONFIG
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 16
+    max_queue_len: int = 256  # waiting requests; more is RESOURCE_EXHAUSTED
     host: str = "127.0.0.1"
     port: int = 50050
     target_port: int = 0  # 0 = any free port
@@ -225,7 +226,8 @@ class Stack:
             "--target", self.target_address, "--draft", draft_address,
             "--tokenizer", c.target_model, "--speculative-config", c.speculative_config,
             "--max-num-batched-tokens", str(c.max_num_batched_tokens),
-            "--max-num-seqs", str(c.max_num_seqs), "--metrics-port", str(metrics_port),
+            "--max-num-seqs", str(c.max_num_seqs), "--max-queue-len", str(c.max_queue_len),
+            "--metrics-port", str(metrics_port),
             *(["--draft-rebuild-every-step"] if c.draft_rebuild_every_step else []),
         ]  # fmt: skip
         return self._spawn(name, argv)

@@ -1,0 +1,191 @@
+"""Load benchmark: many concurrent clients for a while, then a burst past the queue limit.
+
+    python bench/load.py [--clients 64] [--seconds 60] [--json] [--target-model ...]
+
+Starts the stack (`specdec up`'s defaults and flags: the tiny pair unless told otherwise)
+with `--max-queue-len` (64 here), runs `--clients` client threads that each send greedy and sampled
+requests back to back (held-out prompts, 16-64 new tokens) for `--seconds`, and reports:
+errors by status code, requests and generated tokens per second, p50/p99 time to first
+token and inter-token gap, each model service's free KV pages and resident memory before
+and after (pages must be back to idle), and then a burst of `max_num_seqs + max_queue_len
++ 32` requests sent at once: the excess must be refused with RESOURCE_EXHAUSTED at once.
+Prints one JSON object with `--json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # noqa: E402 (this file sits beside, not inside, the package)
+
+from coordinator.cli import add_stack_args, stack_config  # noqa: E402
+from coordinator.client import CoordinatorClient, GenerateParams  # noqa: E402
+from coordinator.launcher import TINY_DRAFT, TINY_TARGET, Stack, held_out_prompts  # noqa: E402
+from protos.specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc  # noqa: E402
+
+
+def service_state(stack: Stack) -> dict:
+    """Free KV pages and resident memory (MiB) of each model service."""
+    state = {}
+    for name, address, stub_cls in (
+        ("target", stack.target_address, target_pb2_grpc.TargetServiceStub),
+        ("draft", stack.draft_address, draft_pb2_grpc.DraftServiceStub),
+    ):
+        with grpc.insecure_channel(address) as channel:
+            info = stub_cls(channel).GetInfo(
+                common_pb2.InfoRequest(), timeout=10, metadata=stack.internal_metadata
+            )
+        process = next(p for p in stack.processes if p.name == name)
+        state[name] = {"free_pages": info.num_free_pages, "rss_mib": rss_mib(process.proc.pid)}
+    return state
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.errors: Counter[str] = Counter()
+        self.ttft: list[float] = []
+        self.gaps: list[float] = []
+        self.num_requests = 0
+        self.num_tokens = 0
+
+    def one_request(self, client: CoordinatorClient, prompt, params: GenerateParams) -> None:
+        start = last = time.perf_counter()
+        ttft, gaps, tokens = None, [], 0
+        try:
+            for response in client.stream(prompt, params, timeout=300):
+                now = time.perf_counter()
+                if response.token_ids:
+                    if ttft is None:
+                        ttft = now - start
+                    else:
+                        gaps.append((now - last) / len(response.token_ids))
+                    last = now
+                    tokens += len(response.token_ids)
+        except grpc.RpcError as e:
+            with self.lock:
+                self.errors[e.code().name] += 1
+            return
+        with self.lock:
+            self.num_requests += 1
+            self.num_tokens += tokens
+            self.ttft.append(ttft or 0.0)
+            self.gaps += gaps
+
+
+def run_load(stack: Stack, prompts: list, clients: int, seconds: float) -> dict:
+    recorder = Recorder()
+    stop_at = time.monotonic() + seconds
+
+    def client_loop(seed: int) -> None:
+        rng = random.Random(seed)
+        with CoordinatorClient(stack.address) as client:
+            while time.monotonic() < stop_at:
+                params = GenerateParams(max_tokens=rng.randint(16, 64), ignore_eos=True)
+                if rng.random() < 0.5:
+                    params = replace(params, temperature=0.8, top_k=40, seed=rng.randrange(2**31))
+                recorder.one_request(client, rng.choice(prompts), params)
+
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    pct = lambda xs, q: round(float(np.percentile(xs, q)) * 1000, 1) if xs else None  # noqa: E731
+    return {
+        "errors_by_code": dict(recorder.errors),
+        "num_requests": recorder.num_requests,
+        "requests_per_s": round(recorder.num_requests / elapsed, 2),
+        "generated_tok_s": round(recorder.num_tokens / elapsed, 1),
+        "ttft_ms_p50": pct(recorder.ttft, 50),
+        "ttft_ms_p99": pct(recorder.ttft, 99),
+        "itl_ms_p50": pct(recorder.gaps, 50),
+        "itl_ms_p99": pct(recorder.gaps, 99),
+    }
+
+
+def run_burst(stack: Stack, prompt, size: int) -> dict:
+    """`size` requests at once; how many were refused with RESOURCE_EXHAUSTED, how fast."""
+    codes: Counter[str] = Counter()
+    refusal_seconds: list[float] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(size)
+
+    def one() -> None:
+        with CoordinatorClient(stack.address) as client:
+            barrier.wait()
+            start = time.perf_counter()
+            try:
+                client.generate(prompt, GenerateParams(max_tokens=32, ignore_eos=True))
+                code = "OK"
+            except grpc.RpcError as e:
+                code = e.code().name
+            with lock:
+                codes[code] += 1
+                if code == "RESOURCE_EXHAUSTED":
+                    refusal_seconds.append(time.perf_counter() - start)
+
+    threads = [threading.Thread(target=one) for _ in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    worst = round(max(refusal_seconds), 3) if refusal_seconds else None
+    return {"sent": size, "by_code": dict(codes), "max_seconds_to_refusal": worst}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_stack_args(parser)
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(
+        target_model=str(TINY_TARGET), draft_model=str(TINY_DRAFT), port=0, max_queue_len=64
+    )
+    args = parser.parse_args()
+    config = stack_config(args)
+    with Stack(config, echo=args.verbose) as stack:
+        prompts = held_out_prompts(config.target_model, 16)
+        before = service_state(stack)
+        load = run_load(stack, prompts, args.clients, args.seconds)
+        time.sleep(1.0)  # releases go out before the next step
+        after = service_state(stack)
+        burst = run_burst(stack, prompts[0], config.max_num_seqs + config.max_queue_len + 32)
+    result = {
+        "clients": args.clients,
+        "seconds": args.seconds,
+        **load,
+        "services_before": before,
+        "services_after": after,
+        "pages_back_to_idle": all(
+            after[s]["free_pages"] == before[s]["free_pages"] for s in before
+        ),
+        "burst": burst,
+    }
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
