@@ -98,7 +98,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     def show(text: str) -> None:
         print(text, end="", flush=True)
 
-    with CoordinatorClient(args.address, args.api_key) as client:
+    with CoordinatorClient(args.address, args.api_key, args.tls_ca) as client:
         try:
             out = client.generate(prompt, params, on_text=None if args.json else show)
         except grpc.RpcError as e:
@@ -155,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true")
     gen.add_argument("--json", action="store_true", help="print one JSON object at the end")
     gen.add_argument("--api-key", help="the coordinator's API key (default: $SPECDEC_API_KEY)")
+    gen.add_argument("--tls-ca", default="", help="PEM CA: the coordinator serves TLS")
     gen.set_defaults(func=cmd_generate)
 
     demo = sub.add_parser("demo", help="the main job on the bundled models")

@@ -89,10 +89,16 @@ def stats_dict(stats: coordinator_pb2.SpecDecodeStats) -> dict:
 
 
 class CoordinatorClient:
-    """``api_key`` None: the ``SPECDEC_API_KEY`` environment variable, if set."""
+    """``api_key`` None: the ``SPECDEC_API_KEY`` environment variable, if set. ``tls_ca``:
+    a PEM CA file to verify a coordinator that serves TLS."""
 
-    def __init__(self, address: str, api_key: str | None = None) -> None:
-        self.channel = grpc.insecure_channel(address)
+    def __init__(self, address: str, api_key: str | None = None, tls_ca: str = "") -> None:
+        if tls_ca:
+            with open(tls_ca, "rb") as f:
+                credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+            self.channel = grpc.secure_channel(address, credentials)
+        else:
+            self.channel = grpc.insecure_channel(address)
         self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
         key = os.environ.get(API_KEY_ENV, "") if api_key is None else api_key
         self.metadata = (("authorization", f"Bearer {key}"),) if key else ()

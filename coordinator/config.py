@@ -122,6 +122,9 @@ class CoordinatorConfig:
     draft_rebuild_every_step: bool = False  # control runs: re-ingest the whole log every step
     metrics_port: int = 0  # Prometheus /metrics; 0 = off
     api_key: str = ""  # required as "authorization: Bearer KEY"; also SPECDEC_API_KEY
+    tls_cert: str = ""  # PEM certificate: the public port serves TLS (and mutual TLS, below)
+    tls_key: str = ""  # PEM private key of tls_cert
+    tls_ca: str = ""  # PEM CA: mutual TLS to the model services (verify them, show tls_cert)
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:

@@ -25,6 +25,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from auth import API_KEY_ENV, INTERNAL_TOKEN_ENV
+from auth.tls import TLSFiles
 from coordinator.chat import ChatTemplate
 from coordinator.client import Prompt
 
@@ -69,6 +70,9 @@ class StackConfig:
     with_baseline: bool = False  # also a target-only coordinator on the same target service
     metrics_port: int = 0
     api_key: str = ""  # clients must send "authorization: Bearer KEY"; "" = open
+    tls_cert: str = ""  # PEM certificate: the coordinator's public port serves TLS
+    tls_key: str = ""  # PEM private key of tls_cert
+    tls_ca: str = ""  # PEM CA that signed tls_cert: mutual TLS on the internal hops too
 
 
 def held_out_prompts(target_model: str, n: int) -> list[Prompt]:
@@ -150,10 +154,13 @@ class ServiceProcess:
                 self.proc.wait()
 
 
-def wait_serving(address: str, timeout: float) -> None:
+def wait_serving(
+    address: str, timeout: float, credentials: grpc.ChannelCredentials | None = None
+) -> None:
     """Blocks until `address` answers grpc.health.v1 Check with SERVING."""
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(address) as channel:
+    channel = grpc.secure_channel(address, credentials) if credentials else None
+    with channel or grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:
@@ -190,6 +197,8 @@ class Stack:
             "--port", str(port), "--kv-cache-dtype", c.kv_cache_dtype, "--dtype", c.dtype,
             "--num-threads", str(c.target_num_threads if name == "target" else c.draft_num_threads),
         ]  # fmt: skip
+        if c.tls_ca:  # mutual TLS on the internal hops
+            argv += ["--tls-cert", c.tls_cert, "--tls-key", c.tls_key, "--tls-ca", c.tls_ca]
         return self._spawn(name, argv)
 
     def start(self) -> Stack:
@@ -209,9 +218,16 @@ class Stack:
                 self.baseline_address = self._spawn_coordinator(
                     "baseline-coordinator", 0, "", 0
                 ).wait_ready(self.timeout)
-            addresses = (self.target_address, self.draft_address, self.address)
-            for address in filter(None, (*addresses, self.baseline_address)):
-                wait_serving(address, self.timeout)
+            tls = TLSFiles(c.tls_cert, c.tls_key, c.tls_ca)
+            internal = tls.channel_credentials() if tls.ca else None
+            for address in filter(None, (self.target_address, self.draft_address)):
+                wait_serving(address, self.timeout, internal)
+            public = None
+            if tls.serves_tls:
+                with open(tls.ca or tls.cert, "rb") as f:
+                    public = grpc.ssl_channel_credentials(root_certificates=f.read())
+            for address in filter(None, (self.address, self.baseline_address)):
+                wait_serving(address, self.timeout, public)
         except BaseException:
             self.stop()
             raise
@@ -229,6 +245,8 @@ class Stack:
             "--max-num-seqs", str(c.max_num_seqs), "--max-queue-len", str(c.max_queue_len),
             "--metrics-port", str(metrics_port),
             *(["--draft-rebuild-every-step"] if c.draft_rebuild_every_step else []),
+            *(["--tls-cert", c.tls_cert, "--tls-key", c.tls_key] if c.tls_cert else []),
+            *(["--tls-ca", c.tls_ca] if c.tls_ca else []),
         ]  # fmt: skip
         return self._spawn(name, argv)
 

@@ -29,6 +29,7 @@ from auth import (
     BearerTokenClientInterceptor,
     BearerTokenServerInterceptor,
 )
+from auth.tls import TLSFiles
 from coordinator.chat import ChatTemplate
 from coordinator.config import CoordinatorConfig
 from coordinator.detokenizer import IncrementalDetokenizer, load_tokenizer
@@ -361,7 +362,13 @@ async def create_server(
     token = os.environ.get(INTERNAL_TOKEN_ENV, "")
     internal = [BearerTokenClientInterceptor(token)] if token else []
 
+    tls = TLSFiles(config.tls_cert, config.tls_key, config.tls_ca)
+
     def channel(address: str) -> grpc.aio.Channel:
+        if tls.ca:
+            return grpc.aio.secure_channel(
+                address, tls.channel_credentials(), options=CHANNEL_OPTIONS, interceptors=internal
+            )
         return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=internal)
 
     channels = [channel(config.target)]
@@ -409,7 +416,11 @@ async def create_server(
     reflection.enable_server_reflection(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    address = f"{config.host}:{config.port}"
+    if tls.serves_tls:
+        port = server.add_secure_port(address, tls.server_credentials(require_client_cert=False))
+    else:
+        port = server.add_insecure_port(address)
     wrapper = CoordinatorServer(server, engine, health_servicer, channels)
     await wrapper.start()
     return wrapper, port

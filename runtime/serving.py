@@ -29,6 +29,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from auth import INTERNAL_TOKEN_ENV, BearerTokenServerInterceptor
+from auth.tls import TLSFiles
 from kernels.attention import ATTENTION_BACKENDS
 from kernels.fp8 import KV_CACHE_DTYPES
 from kernels.paged_kv_cache import OutOfPagesError
@@ -83,6 +84,11 @@ class ServiceConfig:
     grace_s: float = field(default=5.0, metadata={"help": "drain time on SIGTERM"})
     num_threads: int = field(
         default=0, metadata={"help": "torch intra-op threads for model work (0: all cores)"}
+    )
+    tls_cert: str = field(default="", metadata={"help": "PEM certificate: serve TLS"})
+    tls_key: str = field(default="", metadata={"help": "PEM private key of --tls-cert"})
+    tls_ca: str = field(
+        default="", metadata={"help": "PEM CA: mutual TLS, only clients it signed get in"}
     )
     sequence_idle_timeout: float = field(
         default=600.0,
@@ -325,7 +331,13 @@ class ModelService:
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         names = (self.service_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
         reflection.enable_server_reflection((*names, reflection.SERVICE_NAME), server)
-        port = server.add_insecure_port(f"{config.host}:{config.port}")
+        tls = TLSFiles(config.tls_cert, config.tls_key, config.tls_ca)
+        address = f"{config.host}:{config.port}"
+        if tls.serves_tls:
+            credentials = tls.server_credentials(require_client_cert=bool(tls.ca))
+            port = server.add_secure_port(address, credentials)
+        else:
+            port = server.add_insecure_port(address)
         if port == 0:
             raise OSError(f"could not bind {config.host}:{config.port}")
         for name in ("", self.service_name):
