@@ -44,6 +44,7 @@ from coordinator.errors import (
 from coordinator.metrics import Metrics, create_metrics, serve_metrics
 from coordinator.request import MIN_SAMPLING_TEMPERATURE, Request, SamplingParams
 from coordinator.stats import SpecStats
+from coordinator.undecodable import UndecodableRequestInterceptor
 from protos.specdec.v1 import (
     common_pb2,
     coordinator_pb2,
@@ -405,9 +406,10 @@ async def create_server(
 
     api_key = config.api_key or os.environ.get(API_KEY_ENV, "")
     who = f"this coordinator needs its API key (--api-key / {API_KEY_ENV})"
-    server = grpc.aio.server(
-        interceptors=[BearerTokenServerInterceptor(api_key, who)] if api_key else []
-    )
+    interceptors = [UndecodableRequestInterceptor()]
+    if api_key:
+        interceptors.insert(0, BearerTokenServerInterceptor(api_key, who))
+    server = grpc.aio.server(interceptors=interceptors)
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
         CoordinatorServicer(engine, tokenizer, chat_template), server
     )

@@ -314,4 +314,16 @@ def test_draft_step_refuses_bad_input(stack, healthy, case):
 
 
 def test_the_table_has_at_least_forty_cases():
-    assert len(GENERATE_CASES) + len(TARGET_CASES) + len(DRAFT_CASES) >= 40
+    assert len(GENERATE_CASES) + len(TARGET_CASES) + len(DRAFT_CASES) + 1 >= 40
+
+
+def test_generate_refuses_a_text_prompt_that_is_not_utf8(stack, healthy):
+    text_field = b"\x12\x02\xff\xfe"  # GenerateRequest.text (field 2) = bytes ff fe
+    with grpc.insecure_channel(stack.address) as channel:
+        generate = channel.unary_stream(
+            "/specdec.v1.Coordinator/Generate",
+            request_serializer=lambda raw: raw,
+            response_deserializer=lambda raw: raw,
+        )
+        expect(lambda: list(generate(text_field, timeout=30)), INVALID, "UTF-8")
+    still_serving(stack, healthy)
