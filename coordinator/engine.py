@@ -377,6 +377,10 @@ class Engine:
             self._finish(
                 request, error=ServiceError("INTERNAL", "target returned no result for request")
             )
+        elif result.error_code:  # this request failed alone; the step's others go on
+            message = f"the target refused request {request.request_id}: {result.error_message}"
+            self._finish(request, error=ServiceError(result.error_code, message))
+            return None
         return result
 
     def _emit(self, request: Request, token_ids: list[int], num_target_cached: int) -> None:

@@ -7,7 +7,7 @@ import torch
 
 from protos.specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
 from runtime.sampling import Sampling
-from runtime.serving import InvalidRequestError, ModelServicer, model_info
+from runtime.serving import InvalidRequestError, ModelServicer, model_info, status_code_for
 from target_service.verifier import PrefillChunk, Verifier, VerifyEntry, VerifyResult
 from telemetry.tracing import rpc_span
 
@@ -42,13 +42,28 @@ def probs_from_bytes(data: bytes, request_id: str) -> torch.Tensor | None:
     return torch.frombuffer(bytearray(data), dtype=torch.float32)
 
 
+def _convert(messages, from_proto, failed: dict[str, Exception]) -> list:
+    """Domain objects of the messages that convert; the others go to ``failed``."""
+    out = []
+    for msg in messages:
+        try:
+            out.append(from_proto(msg))
+        except InvalidRequestError as e:
+            failed[msg.request_id] = e
+    return out
+
+
 def result_to_proto(r: VerifyResult) -> target_pb2.VerifyResult:
-    return target_pb2.VerifyResult(
+    result = target_pb2.VerifyResult(
         request_id=r.request_id,
         token_ids=r.token_ids,
         num_accepted=r.num_accepted,
         num_cached_tokens=r.num_cached_tokens,
     )
+    if r.error is not None:
+        result.error_code = status_code_for(r.error).name
+        result.error_message = str(r.error) or type(r.error).__name__
+    return result
 
 
 class TargetServicer(ModelServicer, target_pb2_grpc.TargetServiceServicer):
@@ -71,10 +86,11 @@ class TargetServicer(ModelServicer, target_pb2_grpc.TargetServiceServicer):
     # Run on the executor thread, as ModelServicer's.
 
     def _verify(self, request: target_pb2.VerifyRequest) -> target_pb2.VerifyResponse:
-        prefill = [prefill_from_proto(c) for c in request.prefill]
-        decode = [entry_from_proto(e) for e in request.decode]
+        failed: dict[str, Exception] = {}
+        prefill = _convert(request.prefill, prefill_from_proto, failed)
+        decode = _convert(request.decode, entry_from_proto, failed)
         self.touch([c.request_id for c in prefill] + [e.request_id for e in decode])
-        results = self.model.verify(prefill, decode)
+        results = self.model.verify(prefill, decode, failed)
         return target_pb2.VerifyResponse(results=[result_to_proto(r) for r in results])
 
     def _info(self) -> common_pb2.ModelInfo:

@@ -47,13 +47,15 @@ class VerifyResult:
     token_ids: list[int]  # accepted proposals + the target's own token; [] mid-prefill
     num_accepted: int
     num_cached_tokens: int
+    error: Exception | None = None  # this entry failed (nothing of it kept); others went on
 
 
 class Verifier:
     """Runs prefill chunks and verify entries of a step in ONE ``extend``.
 
-    Invariants: a refused or failed step changes no sequence; after a verify the target
-    holds ``start_position + 1 + num_accepted`` tokens (rejected positions are dropped).
+    Invariants: a refused or failed step, or entry, changes no sequence; after a verify the
+    target holds ``start_position + 1 + num_accepted`` tokens (rejected positions are
+    dropped).
     """
 
     def __init__(self, runner: ModelRunner) -> None:
@@ -78,8 +80,20 @@ class Verifier:
                 released += 1
         return released
 
-    def verify(self, prefill: list[PrefillChunk], decode: list[VerifyEntry]) -> list[VerifyResult]:
-        self._validate(prefill, decode)
+    def verify(
+        self,
+        prefill: list[PrefillChunk],
+        decode: list[VerifyEntry],
+        failed: dict[str, Exception] | None = None,
+    ) -> list[VerifyResult]:
+        """Runs the step's entries in one forward. An entry that is bad on its own (or whose
+        sampling fails) fails alone: its result carries the error, its sequence is as before
+        the step, and the others go on. ``failed``: entries the caller already refused
+        (e.g. unparsable sampling parameters), reported the same way."""
+        failed = dict(failed or {})
+        self._check_ids([c.request_id for c in prefill] + [e.request_id for e in decode], failed)
+        prefill = [c for c in prefill if _passes(self._check_chunk, c, failed)]
+        decode = [e for e in decode if _passes(self._check_entry, e, failed)]
         opened = [c for c in prefill if c.request_id not in self._streams]
         for c in opened:
             self.runner.open(c.request_id)
@@ -94,81 +108,97 @@ class Verifier:
         except BaseException:
             self.release([c.request_id for c in opened])  # extend changed nothing else
             raise
-        self._prefilled.update(c.request_id for c in prefill if c.is_last)
-        results = [self._emit_first(c, out) for c, out in zip(prefill, logits, strict=False)]
-        results += [
-            self._accept(e, out) for e, out in zip(decode, logits[len(prefill) :], strict=True)
-        ]
+        results = []
+        for c, out in zip(prefill, logits, strict=False):
+            try:
+                results.append(self._emit_first(c, out))
+                if c.is_last:
+                    self._prefilled.add(c.request_id)
+            except Exception as e:
+                self._undo(c.request_id, c.start_position, opened=c in opened)
+                failed[c.request_id] = e
+        for entry, out in zip(decode, logits[len(prefill) :], strict=True):
+            try:
+                results.append(self._accept(entry, out))
+            except Exception as e:
+                self._undo(entry.request_id, entry.start_position, opened=False)
+                failed[entry.request_id] = e
         self.num_steps += 1
-        return results
+        return results + [
+            VerifyResult(rid, [], 0, self._held(rid), error=e) for rid, e in failed.items()
+        ]
+
+    def _undo(self, rid: str, held_before: int, opened: bool) -> None:
+        if opened:
+            self.release([rid])
+        else:
+            self.runner.truncate(rid, held_before)
 
     # ---- validation (no state changes) -----------------------------------------------------
 
-    def _validate(self, prefill: list[PrefillChunk], decode: list[VerifyEntry]) -> None:
-        seen: set[str] = set()
-        max_len = self.runner.max_model_len
-        for c in prefill:
-            rid = self._check_id(c.request_id, seen)
-            held = self._held(rid)
-            if rid in self._prefilled:
-                raise OutOfSyncError(
-                    f"request {rid}: its prompt was already prefilled (a chunk with is_last "
-                    f"ran); send verify entries, not prefill chunks"
-                )
-            if c.start_position != held:
-                raise OutOfSyncError(
-                    f"request {rid}: prefill chunk starts at {c.start_position} but the target "
-                    f"holds {held} tokens"
-                )
-            if c.is_last and not c.token_ids:
-                raise InvalidRequestError(f"request {rid}: the last prefill chunk is empty")
-            self._check_tokens(rid, c.token_ids)
-            if held + len(c.token_ids) > max_len:
-                raise InvalidRequestError(
-                    f"request {rid}: {held + len(c.token_ids)} tokens exceed "
-                    f"max_model_len={max_len}"
-                )
-        for e in decode:
-            rid = self._check_id(e.request_id, seen)
-            if rid not in self._streams:
-                raise UnknownRequestError(f"request {rid}: the target holds no sequence for it")
-            if rid not in self._prefilled:
-                raise OutOfSyncError(
-                    f"request {rid}: verify before its prefill finished (no chunk with "
-                    f"is_last has run)"
-                )
-            held = self.runner.seq_len(rid)
-            if e.start_position != held:
-                raise OutOfSyncError(
-                    f"request {rid}: verify starts at {e.start_position} but the target holds "
-                    f"{held} tokens"
-                )
-            k = len(e.proposal_ids)
-            self._check_tokens(rid, (e.last_token_id, *e.proposal_ids))
-            if held + 1 + k > max_len:
-                raise InvalidRequestError(
-                    f"request {rid}: {held} tokens + 1 + K={k} exceed max_model_len={max_len}"
-                )
-            expected = k * self.runner.vocab_size
-            got = 0 if e.draft_probs is None else e.draft_probs.numel()
-            if not e.sampling.greedy and k and got != expected:
-                raise InvalidRequestError(
-                    f"request {rid}: draft_probs holds {got} floats, expected K x vocab = "
-                    f"{k} x {self.runner.vocab_size} = {expected} (float32, {expected * 4} bytes)"
-                )
-            if not e.sampling.greedy and k:
-                _check_draft_probs(rid, e.draft_probs.view(k, -1), e.proposal_ids)
+    def _check_ids(self, request_ids: list[str], failed: dict[str, Exception]) -> None:
+        """Whole-step errors: a step that names a request twice (or none) is malformed."""
+        seen = set(failed)
+        for rid in request_ids:
+            if not rid:
+                raise InvalidRequestError("request_id must not be empty")
+            if rid in seen:
+                raise InvalidRequestError(f"request {rid} appears twice in one verify step")
+            seen.add(rid)
+
+    def _check_chunk(self, c: PrefillChunk) -> None:
+        rid, max_len = c.request_id, self.runner.max_model_len
+        held = self._held(rid)
+        if rid in self._prefilled:
+            raise OutOfSyncError(
+                f"request {rid}: its prompt was already prefilled (a chunk with is_last "
+                f"ran); send verify entries, not prefill chunks"
+            )
+        if c.start_position != held:
+            raise OutOfSyncError(
+                f"request {rid}: prefill chunk starts at {c.start_position} but the target "
+                f"holds {held} tokens"
+            )
+        if c.is_last and not c.token_ids:
+            raise InvalidRequestError(f"request {rid}: the last prefill chunk is empty")
+        self._check_tokens(rid, c.token_ids)
+        if held + len(c.token_ids) > max_len:
+            raise InvalidRequestError(
+                f"request {rid}: {held + len(c.token_ids)} tokens exceed max_model_len={max_len}"
+            )
+
+    def _check_entry(self, e: VerifyEntry) -> None:
+        rid, max_len = e.request_id, self.runner.max_model_len
+        if rid not in self._streams:
+            raise UnknownRequestError(f"request {rid}: the target holds no sequence for it")
+        if rid not in self._prefilled:
+            raise OutOfSyncError(
+                f"request {rid}: verify before its prefill finished (no chunk with is_last has run)"
+            )
+        held = self.runner.seq_len(rid)
+        if e.start_position != held:
+            raise OutOfSyncError(
+                f"request {rid}: verify starts at {e.start_position} but the target holds "
+                f"{held} tokens"
+            )
+        k = len(e.proposal_ids)
+        self._check_tokens(rid, (e.last_token_id, *e.proposal_ids))
+        if held + 1 + k > max_len:
+            raise InvalidRequestError(
+                f"request {rid}: {held} tokens + 1 + K={k} exceed max_model_len={max_len}"
+            )
+        expected = k * self.runner.vocab_size
+        got = 0 if e.draft_probs is None else e.draft_probs.numel()
+        if not e.sampling.greedy and k and got != expected:
+            raise InvalidRequestError(
+                f"request {rid}: draft_probs holds {got} floats, expected K x vocab = "
+                f"{k} x {self.runner.vocab_size} = {expected} (float32, {expected * 4} bytes)"
+            )
+        if not e.sampling.greedy and k:
+            _check_draft_probs(rid, e.draft_probs.view(k, -1), e.proposal_ids)
 
     def _held(self, rid: str) -> int:
         return self.runner.seq_len(rid) if rid in self._streams else 0
-
-    def _check_id(self, rid: str, seen: set[str]) -> str:
-        if not rid:
-            raise InvalidRequestError("request_id must not be empty")
-        if rid in seen:
-            raise InvalidRequestError(f"request {rid} appears twice in one verify step")
-        seen.add(rid)
-        return rid
 
     def _check_tokens(self, rid: str, token_ids: tuple[int, ...]) -> None:
         vocab = self.runner.vocab_size
@@ -229,3 +259,12 @@ def _check_draft_probs(rid: str, q: torch.Tensor, proposals: tuple[int, ...]) ->
             f"request {rid}: draft_probs gives proposal {zero[0]} (token "
             f"{proposals[zero[0]]}) probability 0; it cannot have been drawn from it"
         )
+
+
+def _passes(check, item, failed: dict[str, Exception]) -> bool:
+    try:
+        check(item)
+    except (InvalidRequestError, OutOfSyncError, UnknownRequestError) as e:
+        failed[item.request_id] = e
+        return False
+    return True

@@ -48,6 +48,7 @@ class FakeTarget:
         self.released: list[str] = []
         self.errors: list[grpc.aio.AioRpcError] = []  # raised by the next Verify calls
         self.override: dict[int, int] = {}  # position -> token, to plant an EOS
+        self.entry_errors: dict[str, tuple[str, str]] = {}  # request -> (code, message)
         self.metadata: list[dict[str, str]] = []  # gRPC metadata of each Verify
         self.delay = delay
 
@@ -75,6 +76,14 @@ class FakeTarget:
                 )
             )
         for entry in request.decode:
+            if entry.request_id in self.entry_errors:  # fails alone, as the real target does
+                code, message = self.entry_errors[entry.request_id]
+                results.append(
+                    target_pb2.VerifyResult(
+                        request_id=entry.request_id, error_code=code, error_message=message
+                    )
+                )
+                continue
             held = self.held.get(entry.request_id)
             if held != entry.start_position:
                 raise rpc_error(grpc.StatusCode.FAILED_PRECONDITION, "bad decode start")

@@ -204,6 +204,19 @@ def test_target_error_fails_that_steps_requests_with_its_code():
     assert second == (expected_output(3, 4), "length", None)
 
 
+def test_an_entry_the_target_refuses_fails_only_its_request():
+    draft, target = FakeDraft(), FakeTarget()
+    target.entry_errors["bad"] = ("INVALID_ARGUMENT", "request bad: draft_probs are NaN")
+    engine = make_engine(draft, target)
+    requests = [make_request(rid, [1, 2, 3], max_tokens=10) for rid in ("a", "bad", "b", "c")]
+    results = dict(zip(["a", "bad", "b", "c"], asyncio.run(run(engine, *requests)), strict=True))
+    error = results.pop("bad")[2]
+    assert isinstance(error, ServiceError) and error.code == "INVALID_ARGUMENT"
+    assert "request bad" in str(error) and "NaN" in str(error)
+    assert all(r == (expected_output(3, 10), "length", None) for r in results.values())
+    assert "bad" in target.released and any("bad" in ids for ids in draft.releases)
+
+
 def test_abort_releases_the_request_on_both_services():
     draft, target = FakeDraft(), FakeTarget(delay=0.01)
     engine = make_engine(draft, target)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import NamedTuple
 
 import grpc
 import numpy as np
@@ -45,6 +46,25 @@ def entry(rid, start, last, proposals, draft_probs=b"", **sampling) -> target_pb
 
 def verify(stub, prefill=(), decode=()) -> list[target_pb2.VerifyResult]:
     return list(stub.Verify(target_pb2.VerifyRequest(prefill=prefill, decode=decode)).results)
+
+
+class EntryError(NamedTuple):
+    """A failed entry's error, read like a grpc.RpcError."""
+
+    code_name: str
+    message: str
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode[self.code_name]
+
+    def details(self) -> str:
+        return self.message
+
+
+def entry_error(results: list[target_pb2.VerifyResult]) -> EntryError:
+    """The error of the one failed entry (a bad entry fails alone, in its result)."""
+    (failed,) = [r for r in results if r.error_code]
+    return EntryError(failed.error_code, failed.error_message)
 
 
 def prefill(stub, rid: str, tokens: list[int], chunk_size: int = 8) -> int:
@@ -101,7 +121,7 @@ def test_out_of_sync_start_position_is_failed_precondition(target, where):
     else:
         first = prefill(stub, "r1", PROMPT)
         request = ([], [entry("r1", len(PROMPT) + 2, first, [4, 5])])
-    error = status_of(lambda: verify(stub, *request))
+    error = entry_error(verify(stub, *request))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "request r1" in error.details()
     assert f"holds {len(PROMPT)}" in error.details()
@@ -111,11 +131,11 @@ def test_out_of_sync_start_position_is_failed_precondition(target, where):
 def test_a_prefill_chunk_after_the_last_one_and_a_verify_before_it_are_refused(target):
     server, stub = target
     verify(stub, [chunk("early", 0, PROMPT)])  # prefill not finished
-    error = status_of(lambda: verify(stub, [], [entry("early", len(PROMPT), 5, [])]))
+    error = entry_error(verify(stub, [], [entry("early", len(PROMPT), 5, [])]))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "before its prefill finished" in error.details()
     prefill(stub, "done", PROMPT)
-    error = status_of(lambda: verify(stub, [chunk("done", len(PROMPT), [5, 6], is_last=True)]))
+    error = entry_error(verify(stub, [chunk("done", len(PROMPT), [5, 6], is_last=True)]))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "already prefilled" in error.details()
     assert server.runner.seq_len("done") == len(PROMPT)
@@ -142,41 +162,53 @@ def test_draft_probs_that_no_proposal_was_drawn_from_are_invalid(target, change,
     server, stub = target
     first = prefill(stub, "r1", PROMPT)
     bad = entry("r1", len(PROMPT), first, [4, 5], probs_with(change), temperature=1.0)
-    error = status_of(lambda: verify(stub, [], [bad]))
+    error = entry_error(verify(stub, [], [bad]))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "request r1: draft_probs" in error.details() and needle in error.details()
     assert server.runner.seq_len("r1") == len(PROMPT)
 
 
-def test_bad_token_id_is_invalid_argument_and_changes_nothing(target):
+def test_a_bad_entry_fails_alone_and_the_rest_of_the_step_goes_on(target, make_runner):
     server, stub = target
     first = prefill(stub, "r1", PROMPT)
-    error = status_of(
-        lambda: verify(
-            stub,
-            [chunk("r2", 0, [1, 2, 3], is_last=True)],
-            [entry("r1", len(PROMPT), first, [4, VOCAB + 7])],
-        )
+    results = verify(
+        stub,
+        [chunk("r2", 0, PROMPT, is_last=True)],
+        [entry("r1", len(PROMPT), first, [4, VOCAB + 7])],
     )
+    error = entry_error(results)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "263" in error.details() and "vocab size 256" in error.details()
+    assert server.runner.seq_len("r1") == len(PROMPT)  # unchanged
+    (healthy,) = [r for r in results if r.request_id == "r2"]
+    assert list(healthy.token_ids) == greedy_decode(make_runner(), PROMPT, 1)
+
+
+def test_an_entry_whose_sampling_parameters_do_not_parse_fails_alone(target):
+    server, stub = target
+    first = prefill(stub, "r1", PROMPT)
+    results = verify(
+        stub,
+        [chunk("r2", 0, PROMPT, is_last=True, temperature=float("inf"))],
+        [entry("r1", len(PROMPT), first, [4])],
+    )
+    assert entry_error(results).code() == grpc.StatusCode.INVALID_ARGUMENT
     assert not server.runner.has("r2")
-    assert server.runner.seq_len("r1") == len(PROMPT)
+    (healthy,) = [r for r in results if r.request_id == "r1"]
+    assert healthy.num_cached_tokens == server.runner.seq_len("r1") > len(PROMPT)
 
 
 def test_verify_for_unknown_request_is_not_found(target):
     _, stub = target
-    error = status_of(lambda: verify(stub, [], [entry("ghost", 0, 5, [1])]))
+    error = entry_error(verify(stub, [], [entry("ghost", 0, 5, [1])]))
     assert error.code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_sampled_verify_needs_k_by_vocab_draft_probs(target):
     _, stub = target
     first = prefill(stub, "r1", PROMPT)
-    error = status_of(
-        lambda: verify(
-            stub, [], [entry("r1", len(PROMPT), first, [4, 5], b"\0" * 12, temperature=1.0)]
-        )
+    error = entry_error(
+        verify(stub, [], [entry("r1", len(PROMPT), first, [4, 5], b"\0" * 12, temperature=1.0)])
     )
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "2 x 256" in error.details()
