@@ -258,6 +258,14 @@ class Engine:
         self.totals.num_ingest_plans += len(plan.ingest)
         if self.metrics is not None:
             self.metrics.num_ingest_plans.inc(len(plan.ingest))
+        for refused in response.failed:  # alone: no proposals for it, rebuilt from the log
+            logger.warning(
+                "draft refused request %s in step %d (%s: %s); rebuilding it",
+                refused.request_id,
+                plan.step_id,
+                refused.code,
+                refused.message,
+            )
         reported = {c.request_id: c.num_cached_tokens for c in response.cached}
         for request_id, request in step_requests.items():
             held = reported.get(request_id)

@@ -58,6 +58,7 @@ class Proposal:
 class DraftStepResult:
     proposals: list[Proposal]
     cached: dict[str, int]  # committed length held, per request ingested or proposed for
+    failed: dict[str, Exception] = field(default_factory=dict)  # refused alone, unchanged
 
 
 @dataclass
@@ -115,9 +116,12 @@ class Drafter:
 
     # ---- the step --------------------------------------------------------------------------
 
-    def step(self, step: DraftStep) -> DraftStepResult:
+    def step(self, step: DraftStep, failed: dict[str, Exception] | None = None) -> DraftStepResult:
+        """``failed``: requests the caller already refused (their entries did not convert);
+        they are reported with the ones this step refuses."""
+        failed = dict(failed or {})
         table = self._resolve_table(step)
-        work = self._plan(step, table.version)
+        work = self._plan(step, table.version, failed)
         self._check_pages(work)
         if table != self.runner.kv_scales:
             try:
@@ -131,7 +135,7 @@ class Drafter:
         self.num_ingest_plans += len(step.ingest)
         self.num_ingested_tokens += sum(len(p.token_ids) for p in step.ingest)
         cached = {rid: self._seqs[rid].num_committed for rid in work}
-        return DraftStepResult(proposals, cached)
+        return DraftStepResult(proposals, cached, failed)
 
     def release(self, request_ids: list[str]) -> int:
         """Drop the requests' sequences (ids not held are ignored); returns how many."""
@@ -173,52 +177,71 @@ class Drafter:
                 )
         return step.kv_scales
 
-    def _plan(self, step: DraftStep, version: int) -> dict[str, _Work]:
-        vocab, max_len = self.runner.vocab_size, self.runner.max_model_len
+    def _plan(
+        self, step: DraftStep, version: int, failed: dict[str, Exception]
+    ) -> dict[str, _Work]:
+        """The step's work per request. A request whose plan or entry is bad goes to
+        ``failed`` and is left out (nothing of it changes); a malformed step (a request
+        named twice in ingest or in propose, or none named) raises."""
+        ingest_ids, propose_ids = set(), set()
+        for plan in step.ingest:
+            _check_id(plan.request_id, ingest_ids, "ingest")
+            ingest_ids.add(plan.request_id)
+        for entry in step.propose:
+            _check_id(entry.request_id, propose_ids, "propose")
+            propose_ids.add(entry.request_id)
         work: dict[str, _Work] = {}
         for plan in step.ingest:
-            rid = _check_id(plan.request_id, work, "ingest")
-            held = self.num_committed(rid)
-            if plan.start_position != held:
-                raise OutOfSyncError(
-                    f"request {rid}: ingest starts at {plan.start_position} but the draft "
-                    f"holds {held} committed tokens; {RESYNC_HINT}"
-                )
-            bad = [t for t in plan.token_ids if t >= vocab]
-            if bad:
-                raise InvalidRequestError(
-                    f"request {rid}: token id {bad[0]} is out of range (vocab size {vocab})"
-                )
-            if held + len(plan.token_ids) > max_len:
-                raise InvalidRequestError(
-                    f"request {rid}: {held + len(plan.token_ids)} tokens exceed "
-                    f"max_model_len={max_len}"
-                )
-            work[rid] = _Work(rid, plan.token_ids, opens=rid not in self._seqs)
-        proposing: set[str] = set()
+            if plan.request_id not in failed:
+                _attempt(failed, plan.request_id, self._plan_ingest, plan, work)
         for entry in step.propose:
-            rid = _check_id(entry.request_id, proposing, "propose")
-            proposing.add(rid)
-            if entry.num_tokens <= 0:
-                raise InvalidRequestError(f"request {rid}: num_tokens must be > 0")
-            if rid not in self._seqs and rid not in work:
-                raise UnknownRequestError(
-                    f"request {rid}: the draft holds no sequence for it; ingest it from 0"
-                )
-            w = work.setdefault(rid, _Work(rid))
-            length = self.num_committed(rid) + len(w.committed)
-            if length == 0:
-                raise OutOfSyncError(f"request {rid}: cannot propose before any token is ingested")
-            if length + entry.num_tokens > max_len:
-                raise InvalidRequestError(
-                    f"request {rid}: {length} tokens + K={entry.num_tokens} exceed "
-                    f"max_model_len={max_len}"
-                )
-            w.num_tokens, w.sampling = entry.num_tokens, entry.sampling
-        for rid, w in work.items():
-            self._check_version(rid, version)
+            if entry.request_id not in failed:
+                _attempt(failed, entry.request_id, self._plan_propose, entry, work)
+        for rid in list(work):
+            if rid in failed or not _attempt(failed, rid, self._check_version, rid, version):
+                del work[rid]
+        for w in work.values():
             self._decide_feed(w)
         return work
+
+    def _plan_ingest(self, plan: IngestPlan, work: dict[str, _Work]) -> None:
+        rid, vocab, max_len = plan.request_id, self.runner.vocab_size, self.runner.max_model_len
+        held = self.num_committed(rid)
+        if plan.start_position != held:
+            raise OutOfSyncError(
+                f"request {rid}: ingest starts at {plan.start_position} but the draft "
+                f"holds {held} committed tokens; {RESYNC_HINT}"
+            )
+        bad = [t for t in plan.token_ids if t >= vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"request {rid}: token id {bad[0]} is out of range (vocab size {vocab})"
+            )
+        if held + len(plan.token_ids) > max_len:
+            raise InvalidRequestError(
+                f"request {rid}: {held + len(plan.token_ids)} tokens exceed max_model_len={max_len}"
+            )
+        work[rid] = _Work(rid, plan.token_ids, opens=rid not in self._seqs)
+
+    def _plan_propose(self, entry: ProposeEntry, work: dict[str, _Work]) -> None:
+        rid, max_len = entry.request_id, self.runner.max_model_len
+        if entry.num_tokens <= 0:
+            raise InvalidRequestError(f"request {rid}: num_tokens must be > 0")
+        if rid not in self._seqs and rid not in work:
+            raise UnknownRequestError(
+                f"request {rid}: the draft holds no sequence for it; ingest it from 0"
+            )
+        w = work.get(rid, _Work(rid))
+        length = self.num_committed(rid) + len(w.committed)
+        if length == 0:
+            raise OutOfSyncError(f"request {rid}: cannot propose before any token is ingested")
+        if length + entry.num_tokens > max_len:
+            raise InvalidRequestError(
+                f"request {rid}: {length} tokens + K={entry.num_tokens} exceed "
+                f"max_model_len={max_len}"
+            )
+        w.num_tokens, w.sampling = entry.num_tokens, entry.sampling
+        work[rid] = w
 
     def _check_version(self, rid: str, version: int) -> None:
         seq = self._seqs.get(rid)
@@ -318,6 +341,16 @@ class Drafter:
             seq.stream = w.sampling.random_stream(DRAFT_DOMAIN)
         q = w.sampling.probs(logits[-1:])[0]
         return sample_token(q, seq.stream.uniform(seq.num_committed + index, PROPOSE_DRAW)), q
+
+
+def _attempt(failed: dict[str, Exception], rid: str, check, *args) -> bool:
+    """Runs one request's check; a refusal goes to ``failed``."""
+    try:
+        check(*args)
+    except (InvalidRequestError, OutOfSyncError, UnknownRequestError) as e:
+        failed[rid] = e
+        return False
+    return True
 
 
 def _check_id(request_id: str, seen: dict | set, where: str) -> str:

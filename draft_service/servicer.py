@@ -7,21 +7,35 @@ import grpc
 from draft_service.drafter import Drafter, DraftStep, DraftStepResult, IngestPlan, ProposeEntry
 from protos.specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 from runtime.sampling import Sampling
-from runtime.serving import ModelServicer, kv_table_from_proto, model_info
+from runtime.serving import (
+    InvalidRequestError,
+    ModelServicer,
+    kv_table_from_proto,
+    model_info,
+    status_code_for,
+)
 from telemetry.tracing import rpc_span
 
 
-def step_from_proto(msg: draft_pb2.DraftStepRequest) -> DraftStep:
+def step_from_proto(msg: draft_pb2.DraftStepRequest, failed: dict[str, Exception]) -> DraftStep:
+    """The step; proposals whose sampling parameters are bad go to ``failed``."""
+    propose = []
+    for e in msg.propose:
+        try:
+            sampling = Sampling.from_proto(e.sampling, e.request_id)
+        except InvalidRequestError as error:
+            failed[e.request_id] = error
+            continue
+        propose.append(ProposeEntry(e.request_id, e.num_tokens, sampling))
     return DraftStep(
         kv_scales_version=msg.kv_scales_version,
         kv_scales=kv_table_from_proto(msg.kv_scales) if msg.HasField("kv_scales") else None,
         ingest=tuple(
-            IngestPlan(p.request_id, p.start_position, tuple(p.token_ids)) for p in msg.ingest
+            IngestPlan(p.request_id, p.start_position, tuple(p.token_ids))
+            for p in msg.ingest
+            if p.request_id not in failed
         ),
-        propose=tuple(
-            ProposeEntry(e.request_id, e.num_tokens, Sampling.from_proto(e.sampling, e.request_id))
-            for e in msg.propose
-        ),
+        propose=tuple(propose),
     )
 
 
@@ -41,6 +55,12 @@ def result_to_proto(result: DraftStepResult) -> draft_pb2.DraftStepResponse:
         cached=[
             common_pb2.CachedLength(request_id=rid, num_cached_tokens=n)
             for rid, n in result.cached.items()
+        ],
+        failed=[
+            draft_pb2.RequestError(
+                request_id=rid, code=status_code_for(e).name, message=str(e) or type(e).__name__
+            )
+            for rid, e in result.failed.items()
         ],
     )
 
@@ -66,7 +86,9 @@ class DraftServicer(ModelServicer, draft_pb2_grpc.DraftServiceServicer):
 
     def _step(self, request: draft_pb2.DraftStepRequest) -> draft_pb2.DraftStepResponse:
         self.touch([p.request_id for p in request.ingest] + [p.request_id for p in request.propose])
-        return result_to_proto(self.model.step(step_from_proto(request)))
+        failed: dict[str, Exception] = {}
+        step = step_from_proto(request, failed)
+        return result_to_proto(self.model.step(step, failed))
 
     def _info(self) -> common_pb2.ModelInfo:
         d = self.model

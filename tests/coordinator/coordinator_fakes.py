@@ -125,6 +125,7 @@ class FakeDraft:
         self.wrong_positions = wrong_positions
         self.kv_version: int | None = None
         self.failed_request: draft_pb2.DraftStepRequest | None = None
+        self.refuse_once: set[str] = set()  # requests the next step refuses alone
 
     async def Step(self, request, timeout=None, metadata=None):
         self.requests.append(request)
@@ -135,7 +136,17 @@ class FakeDraft:
             self.kv_version = request.kv_scales.version
         if request.kv_scales_version != self.kv_version:
             raise rpc_error(grpc.StatusCode.FAILED_PRECONDITION, "kv scales version mismatch")
+        refused = self.refuse_once & (
+            {p.request_id for p in request.ingest} | {p.request_id for p in request.propose}
+        )
+        self.refuse_once -= refused
+        failed = [
+            draft_pb2.RequestError(request_id=rid, code="INVALID_ARGUMENT", message="planted")
+            for rid in sorted(refused)
+        ]
         for plan in request.ingest:
+            if plan.request_id in refused:
+                continue
             log = self.logs.setdefault(plan.request_id, [])
             if plan.start_position != len(log):
                 raise rpc_error(
@@ -145,6 +156,8 @@ class FakeDraft:
             log.extend(plan.token_ids)
         proposals = []
         for entry in request.propose:
+            if entry.request_id in refused:
+                continue
             n = len(self.logs[entry.request_id])
             ids = [
                 (next_token(n + i) + 1) % 97 if n + i in self.wrong_positions else next_token(n + i)
@@ -152,11 +165,12 @@ class FakeDraft:
             ]
             proposals.append(draft_pb2.Proposal(request_id=entry.request_id, token_ids=ids))
         touched = {p.request_id for p in request.ingest} | {p.request_id for p in request.propose}
+        touched -= refused
         cached = [
             common_pb2.CachedLength(request_id=rid, num_cached_tokens=len(self.logs[rid]))
             for rid in sorted(touched)
         ]
-        return draft_pb2.DraftStepResponse(proposals=proposals, cached=cached)
+        return draft_pb2.DraftStepResponse(proposals=proposals, cached=cached, failed=failed)
 
     async def Release(self, request, timeout=None, metadata=None):
         self.releases.append(list(request.request_ids))

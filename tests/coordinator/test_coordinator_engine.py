@@ -217,6 +217,22 @@ def test_an_entry_the_target_refuses_fails_only_its_request():
     assert "bad" in target.released and any("bad" in ids for ids in draft.releases)
 
 
+def test_a_request_the_draft_refuses_alone_is_rebuilt_and_the_others_go_on():
+    draft, target = FakeDraft(), FakeTarget()
+    engine = make_engine(draft, target)
+    draft.refuse_once.add("b")
+    requests = [make_request(rid, [1, 2, 3], max_tokens=12) for rid in ("a", "b")]
+    results = asyncio.run(run(engine, *requests))
+    assert results == [(expected_output(3, 12), "length", None)] * 2
+    assert engine.draft_breaker.num_trips == 0  # the draft itself is fine
+    # The refused request was re-ingested from 0 at the next step; the other never was.
+    starts = {
+        rid: [p.start_position for s in draft.requests for p in s.ingest if p.request_id == rid]
+        for rid in ("a", "b")
+    }
+    assert starts["b"][:2] == [0, 0] and starts["a"].count(0) == 1
+
+
 def test_abort_releases_the_request_on_both_services():
     draft, target = FakeDraft(), FakeTarget(delay=0.01)
     engine = make_engine(draft, target)

@@ -5,7 +5,8 @@ leaks on either model service.
 The model services are called as a coordinator would (with the stack's internal token),
 so these are the service's own checks, not the coordinator's. At the target, a malformed
 step (no request id, one named twice) fails as a whole; any other bad entry fails alone,
-with its status in its result.
+with its status in its result. The draft does the same (and refuses a step whole when its
+KV-scale table is unknown or inconsistent).
 """
 
 from __future__ import annotations
@@ -315,7 +316,13 @@ def test_draft_step_refuses_bad_input(stack, healthy, case):
     with grpc.insecure_channel(stack.draft_address) as channel:
         stub = draft_pb2_grpc.DraftServiceStub(channel)
         try:
-            expect(lambda: stub.Step(request, timeout=30, metadata=meta), code, needle)
+            # As at the target: a malformed step fails whole, a bad request alone.
+            try:
+                (failed,) = stub.Step(request, timeout=30, metadata=meta).failed
+                got = (grpc.StatusCode[failed.code], failed.message)
+            except grpc.RpcError as e:
+                got = (e.code(), e.details())
+            assert got[0] == code and needle in got[1], got
             assert service_info(stack, draft=True).num_sequences == 0
         finally:
             stub.Release(common_pb2.ReleaseRequest(request_ids=["d"]), timeout=10, metadata=meta)

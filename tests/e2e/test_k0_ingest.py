@@ -118,22 +118,22 @@ def test_a_coordinator_that_skips_ingest_at_k0_is_refused(long_prompts):
         # more token, and this coordinator did not tell the draft. Its next ingest starts
         # past what the draft holds.
         skipped_start = len(prompt) + 2
-        with pytest.raises(grpc.RpcError) as err:
-            draft.Step(
-                draft_pb2.DraftStepRequest(
-                    kv_scales_version=table.version,
-                    ingest=[
-                        draft_pb2.IngestPlan(
-                            request_id="r", start_position=skipped_start, token_ids=[5, 6]
-                        )
-                    ],
-                    propose=[draft_pb2.ProposeEntry(request_id="r", num_tokens=3)],
-                ),
-                timeout=30,
-                metadata=stack.internal_metadata,
-            )
-        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert str(skipped_start) in err.value.details()
-        assert str(len(prompt)) in err.value.details()
+        response = draft.Step(
+            draft_pb2.DraftStepRequest(
+                kv_scales_version=table.version,
+                ingest=[
+                    draft_pb2.IngestPlan(
+                        request_id="r", start_position=skipped_start, token_ids=[5, 6]
+                    )
+                ],
+                propose=[draft_pb2.ProposeEntry(request_id="r", num_tokens=3)],
+            ),
+            timeout=30,
+            metadata=stack.internal_metadata,
+        )
+        (refused,) = response.failed
+        assert (refused.request_id, refused.code) == ("r", "FAILED_PRECONDITION")
+        assert str(skipped_start) in refused.message and str(len(prompt)) in refused.message
+        assert not response.proposals
         release = common_pb2.ReleaseRequest(request_ids=["r"])
         draft.Release(release, timeout=10, metadata=stack.internal_metadata)

@@ -39,6 +39,11 @@ def cached(response) -> dict[str, int]:
     return {c.request_id: c.num_cached_tokens for c in response.cached}
 
 
+def refused(response) -> dict[str, tuple[str, str]]:
+    """Requests the step refused alone: request id -> (status code name, message)."""
+    return {f.request_id: (f.code, f.message) for f in response.failed}
+
+
 def test_ingest_then_propose_returns_greedy_continuation(draft, make_runner):
     server, stub = draft
     response = step(stub, [ingest("r1", 0, PROMPT)], [propose("r1", 4)])
@@ -64,38 +69,29 @@ def test_k0_step_only_ingests_committed_tokens(draft):
     assert info.num_sequences == 1
 
 
-def test_wrong_start_position_is_failed_precondition_and_leaves_other_requests(draft, make_runner):
+def test_a_wrong_start_position_fails_that_request_alone(draft, make_runner):
     server, stub = draft
     step(stub, [ingest("r1", 0, PROMPT), ingest("r2", 0, OTHER)])
-    free = server.runner.num_free_pages
-    error = status_of(
-        lambda: step(
-            stub,
-            [ingest("r2", len(OTHER), [40, 41]), ingest("r1", 14, [7])],
-            [propose("r2", 2)],
-        )
+    response = step(
+        stub, [ingest("r2", len(OTHER), [40, 41]), ingest("r1", 14, [7])], [propose("r2", 2)]
     )
-    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "request r1" in error.details()
-    assert "starts at 14" in error.details() and f"holds {len(PROMPT)}" in error.details()
-    # Nothing of the refused step happened, r2's valid plan included.
-    assert server.runner.seq_len("r2") == len(OTHER)
-    assert server.runner.num_free_pages == free
-    response = step(stub, [], [propose("r2", 3), propose("r1", 2)])
-    tokens = {p.request_id: list(p.token_ids) for p in response.proposals}
+    code, message = refused(response)["r1"]
+    assert code == "FAILED_PRECONDITION" and "request r1" in message
+    assert "starts at 14" in message and f"holds {len(PROMPT)}" in message
+    # r1 is as before; r2's plan and proposal went on.
+    assert server.runner.seq_len("r1") == len(PROMPT)
+    assert cached(response) == {"r2": len(OTHER) + 2}
     reference = make_runner()
-    assert tokens == {
-        "r2": greedy_decode(reference, OTHER, 3),
-        "r1": greedy_decode(reference, PROMPT, 2),
-    }
-    assert cached(response) == {"r2": len(OTHER), "r1": len(PROMPT)}
+    (proposal,) = response.proposals
+    assert list(proposal.token_ids) == greedy_decode(reference, OTHER + [40, 41], 2)
+    response = step(stub, [], [propose("r1", 2)])
+    assert [list(p.token_ids) for p in response.proposals] == [greedy_decode(reference, PROMPT, 2)]
 
 
 def test_propose_for_unknown_request_is_not_found(draft):
     _, stub = draft
-    error = status_of(lambda: step(stub, [], [propose("ghost", 3)]))
-    assert error.code() == grpc.StatusCode.NOT_FOUND
-    assert "ghost" in error.details()
+    code, message = refused(step(stub, [], [propose("ghost", 3)]))["ghost"]
+    assert code == "NOT_FOUND" and "ghost" in message
 
 
 @pytest.mark.parametrize(
@@ -103,16 +99,24 @@ def test_propose_for_unknown_request_is_not_found(draft):
     [
         ([ingest("r1", 0, [5, VOCAB])], [], "token id 256"),
         ([ingest("r1", 0, [5, 6])], [propose("r1", 0)], "num_tokens must be > 0"),
-        ([ingest("", 0, [5, 6])], [], "request_id must not be empty"),
         ([ingest("r1", 0, [5] * 510)], [propose("r1", 3)], "max_model_len=512"),
     ],
 )
-def test_bad_input_is_invalid_argument(draft, plans, proposals, needle):
+def test_a_bad_entry_is_invalid_argument_for_its_request_only(draft, plans, proposals, needle):
     server, stub = draft
-    error = status_of(lambda: step(stub, plans, proposals))
-    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert needle in error.details()
+    response = step(stub, [*plans, ingest("ok", 0, OTHER)], [*proposals, propose("ok", 2)])
+    code, message = refused(response)["r1"]
+    assert code == "INVALID_ARGUMENT" and needle in message
     assert not server.runner.has("r1")
+    assert cached(response) == {"ok": len(OTHER)} and len(response.proposals) == 1
+
+
+def test_a_malformed_step_is_refused_whole(draft):
+    server, stub = draft
+    error = status_of(lambda: step(stub, [ingest("", 0, [5, 6]), ingest("ok", 0, OTHER)]))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "request_id must not be empty" in error.details()
+    assert not server.runner.has("ok")
 
 
 def test_partly_accepted_proposals_keep_matching_prefix_and_equal_a_rebuilt_draft(
@@ -158,18 +162,17 @@ def kv_table(version: int, scale: float) -> common_pb2.KVScaleTable:
 def test_kv_scales_version_mismatch_is_failed_precondition(draft):
     server, stub = draft
     step(stub, [ingest("r1", 0, PROMPT)], kv_scales_version=1, kv_scales=kv_table(1, 1.0))
-    error = status_of(
-        lambda: step(
-            stub,
-            [ingest("r1", len(PROMPT), [4]), ingest("r2", 0, OTHER)],
-            kv_scales_version=2,
-            kv_scales=kv_table(2, 0.5),
-        )
+    response = step(
+        stub,
+        [ingest("r1", len(PROMPT), [4]), ingest("r2", 0, OTHER)],
+        kv_scales_version=2,
+        kv_scales=kv_table(2, 0.5),
     )
-    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "request r1" in error.details()
-    assert "version 1" in error.details() and "version 2" in error.details()
-    assert not server.runner.has("r2")
+    code, message = refused(response)["r1"]
+    assert code == "FAILED_PRECONDITION" and "request r1" in message
+    assert "version 1" in message and "version 2" in message
+    assert server.runner.seq_len("r1") == len(PROMPT)
+    assert cached(response) == {"r2": len(OTHER)}  # a new sequence, under version 2
     # A version the draft has no table for.
     error = status_of(lambda: step(stub, [ingest("r2", 0, OTHER)], kv_scales_version=3))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION

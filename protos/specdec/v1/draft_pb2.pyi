@@ -51,10 +51,22 @@ class Proposal(_message.Message):
     draft_probs: bytes
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[bytes] = ...) -> None: ...
 
+class RequestError(_message.Message):
+    __slots__ = ("request_id", "code", "message")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    code: str
+    message: str
+    def __init__(self, request_id: _Optional[str] = ..., code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
 class DraftStepResponse(_message.Message):
-    __slots__ = ("proposals", "cached")
+    __slots__ = ("proposals", "cached", "failed")
     PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     CACHED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
     proposals: _containers.RepeatedCompositeFieldContainer[Proposal]
     cached: _containers.RepeatedCompositeFieldContainer[_common_pb2.CachedLength]
-    def __init__(self, proposals: _Optional[_Iterable[_Union[Proposal, _Mapping]]] = ..., cached: _Optional[_Iterable[_Union[_common_pb2.CachedLength, _Mapping]]] = ...) -> None: ...
+    failed: _containers.RepeatedCompositeFieldContainer[RequestError]
+    def __init__(self, proposals: _Optional[_Iterable[_Union[Proposal, _Mapping]]] = ..., cached: _Optional[_Iterable[_Union[_common_pb2.CachedLength, _Mapping]]] = ..., failed: _Optional[_Iterable[_Union[RequestError, _Mapping]]] = ...) -> None: ...
