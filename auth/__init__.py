@@ -15,13 +15,17 @@ from __future__ import annotations
 from auth.bearer import (
     API_KEY_ENV,
     INTERNAL_TOKEN_ENV,
-    BearerTokenClientInterceptor,
+    OWNER_KEY,
     BearerTokenServerInterceptor,
+    CallMetadataInterceptor,
+    bearer,
 )
 
 __all__ = [
     "API_KEY_ENV",
     "INTERNAL_TOKEN_ENV",
-    "BearerTokenClientInterceptor",
+    "OWNER_KEY",
     "BearerTokenServerInterceptor",
+    "CallMetadataInterceptor",
+    "bearer",
 ]

@@ -1,5 +1,5 @@
-"""The server interceptor that checks ``authorization: Bearer TOKEN`` and the client
-interceptor that sends it."""
+"""The server interceptor that checks ``authorization: Bearer TOKEN``, and the client
+interceptor that sends it (with any other fixed call metadata)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from typing import Any
 import grpc
 
 API_KEY_ENV = "SPECDEC_API_KEY"
+OWNER_KEY = "x-specdec-coordinator"  # which coordinator a model-service call comes from
 INTERNAL_TOKEN_ENV = "SPECDEC_INTERNAL_TOKEN"
 OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
-def _bearer(metadata: Any) -> str:
+def _offered_token(metadata: Any) -> str:
     for key, value in metadata or ():
         if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
             return value[len("Bearer ") :]
@@ -39,7 +40,7 @@ class BearerTokenServerInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or details.method.startswith(OPEN_SERVICES):
             return handler
-        offered = _bearer(details.invocation_metadata).encode()
+        offered = _offered_token(details.invocation_metadata).encode()
         if hmac.compare_digest(offered, self._token):
             return handler
         return self._refusal(handler)
@@ -68,14 +69,15 @@ class BearerTokenServerInterceptor(grpc.aio.ServerInterceptor):
         )
 
 
-class BearerTokenClientInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
-    """Adds ``authorization: Bearer TOKEN`` to every unary call of an aio channel."""
+class CallMetadataInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
+    """Adds fixed metadata (a bearer token, the caller's identity) to every unary call of
+    an aio channel."""
 
-    def __init__(self, token: str) -> None:
-        self._header = ("authorization", f"Bearer {token}")
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._metadata = metadata
 
     async def intercept_unary_unary(self, continuation, client_call_details, request):
-        metadata = tuple(client_call_details.metadata or ()) + (self._header,)
+        metadata = tuple(client_call_details.metadata or ()) + self._metadata
         details = grpc.aio.ClientCallDetails(
             client_call_details.method,
             client_call_details.timeout,
@@ -84,3 +86,8 @@ class BearerTokenClientInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
             client_call_details.wait_for_ready,
         )
         return await continuation(details, request)
+
+
+def bearer(token: str) -> tuple[str, str]:
+    """The metadata pair that carries ``token``."""
+    return ("authorization", f"Bearer {token}")

@@ -24,7 +24,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from auth import API_KEY_ENV, INTERNAL_TOKEN_ENV
+from auth import API_KEY_ENV, INTERNAL_TOKEN_ENV, bearer
 from auth.tls import TLSFiles
 from coordinator.chat import ChatTemplate
 from coordinator.client import Prompt
@@ -253,7 +253,7 @@ class Stack:
     @property
     def internal_metadata(self) -> tuple[tuple[str, str], ...]:
         """Call metadata that lets a tool (a benchmark, a test) call the model services."""
-        return (("authorization", f"Bearer {self.internal_token}"),)
+        return (bearer(self.internal_token),)
 
     def _spawn(self, name: str, argv: list[str]) -> ServiceProcess:
         env = {INTERNAL_TOKEN_ENV: self.internal_token}

@@ -26,8 +26,10 @@ from tokenizers import Tokenizer
 from auth import (
     API_KEY_ENV,
     INTERNAL_TOKEN_ENV,
-    BearerTokenClientInterceptor,
+    OWNER_KEY,
     BearerTokenServerInterceptor,
+    CallMetadataInterceptor,
+    bearer,
 )
 from auth.tls import TLSFiles
 from coordinator.chat import ChatTemplate
@@ -360,8 +362,11 @@ async def create_server(
 ) -> tuple[CoordinatorServer, int]:
     """Connects to both services, pins their ModelInfo, and starts serving on config.port
     (0 = any free port). Returns the started server and the bound port."""
+    # Every hop names this coordinator (the services keep each sequence for the one that
+    # opened it) and, under `specdec up`, carries the stack's internal token.
     token = os.environ.get(INTERNAL_TOKEN_ENV, "")
-    internal = [BearerTokenClientInterceptor(token)] if token else []
+    identity = ((OWNER_KEY, uuid.uuid4().hex),) + ((bearer(token),) if token else ())
+    internal = [CallMetadataInterceptor(identity)]
 
     tls = TLSFiles(config.tls_cert, config.tls_key, config.tls_ca)
 

@@ -80,13 +80,13 @@ class DraftServicer(ModelServicer, draft_pb2_grpc.DraftServiceServicer):
                 "specdec.num_proposing": len(request.propose),
             },
         ):
-            return await self.executor.call(context, self._step, request)
+            return await self.executor.call(context, self._step, request, self.caller(context))
 
     # Run on the executor thread, as ModelServicer's.
 
-    def _step(self, request: draft_pb2.DraftStepRequest) -> draft_pb2.DraftStepResponse:
-        self.touch([p.request_id for p in request.ingest] + [p.request_id for p in request.propose])
+    def _step(self, request: draft_pb2.DraftStepRequest, owner: str) -> draft_pb2.DraftStepResponse:
         failed: dict[str, Exception] = {}
+        self.claim([p.request_id for p in (*request.ingest, *request.propose)], owner, failed)
         step = step_from_proto(request, failed)
         return result_to_proto(self.model.step(step, failed))
 

@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from auth import INTERNAL_TOKEN_ENV, BearerTokenServerInterceptor
+from auth import INTERNAL_TOKEN_ENV, OWNER_KEY, BearerTokenServerInterceptor
 from auth.tls import TLSFiles
 from kernels.attention import ATTENTION_BACKENDS
 from kernels.fp8 import KV_CACHE_DTYPES
@@ -233,12 +233,30 @@ class ModelServicer(ABC):
         self.model = model
         self.executor = executor
         self._last_touched: dict[str, float] = {}  # request id -> monotonic time
+        self._owners: dict[str, str] = {}  # request id -> the coordinator that opened it
 
-    def touch(self, request_ids: Iterable[str]) -> None:
-        """Marks sequences as in use (call on the executor thread, from each RPC)."""
-        now = time.monotonic()
+    @staticmethod
+    def caller(context: grpc.aio.ServicerContext) -> str:
+        """The calling coordinator's identity ("" when it sends none)."""
+        return dict(context.invocation_metadata() or ()).get(OWNER_KEY, "")
+
+    def claim(
+        self, request_ids: Iterable[str], owner: str, failed: dict[str, Exception]
+    ) -> list[str]:
+        """Marks sequences as in use by ``owner`` (on the executor thread, from each RPC) and
+        returns them; a sequence another coordinator holds goes to ``failed`` instead."""
+        now, mine = time.monotonic(), []
         for rid in request_ids:
+            holder = self._owners.get(rid)
+            if holder not in (None, owner) and self.model.runner.has(rid):
+                failed[rid] = UnknownRequestError(
+                    f"request {rid}: this service holds it for another coordinator"
+                )
+                continue
+            self._owners[rid] = owner
             self._last_touched[rid] = now
+            mine.append(rid)
+        return mine
 
     def start_reclaiming(self, idle_timeout: float) -> None:
         """Releases, every ``idle_timeout / 4`` seconds, the sequences nobody has touched
@@ -259,12 +277,13 @@ class ModelServicer(ABC):
         idle = [rid for rid, t in self._last_touched.items() if t < cutoff]
         for rid in idle:
             del self._last_touched[rid]
+            self._owners.pop(rid, None)
         return self.model.release(idle)
 
     async def Release(
         self, request: common_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.ReleaseResponse:
-        return await self.executor.call(context, self._release, request)
+        return await self.executor.call(context, self._release, request, self.caller(context))
 
     async def GetInfo(
         self, request: common_pb2.InfoRequest, context: grpc.aio.ServicerContext
@@ -273,10 +292,15 @@ class ModelServicer(ABC):
 
     # Run on the executor thread: the model and its runner have one caller at a time.
 
-    def _release(self, request: common_pb2.ReleaseRequest) -> common_pb2.ReleaseResponse:
-        for rid in request.request_ids:
+    def _release(
+        self, request: common_pb2.ReleaseRequest, owner: str
+    ) -> common_pb2.ReleaseResponse:
+        """Releases the caller's sequences; ids another coordinator holds are ignored."""
+        mine = [rid for rid in request.request_ids if self._owners.get(rid, owner) == owner]
+        for rid in mine:
             self._last_touched.pop(rid, None)
-        num_released = self.model.release(list(request.request_ids))
+            self._owners.pop(rid, None)
+        num_released = self.model.release(mine)
         return common_pb2.ReleaseResponse(
             num_released=num_released, num_free_pages=self.model.runner.num_free_pages
         )

@@ -81,15 +81,20 @@ class TargetServicer(ModelServicer, target_pb2_grpc.TargetServiceServicer):
                 "specdec.batch_size": len(request.decode),
             },
         ):
-            return await self.executor.call(context, self._verify, request)
+            return await self.executor.call(context, self._verify, request, self.caller(context))
 
     # Run on the executor thread, as ModelServicer's.
 
-    def _verify(self, request: target_pb2.VerifyRequest) -> target_pb2.VerifyResponse:
+    def _verify(self, request: target_pb2.VerifyRequest, owner: str) -> target_pb2.VerifyResponse:
         failed: dict[str, Exception] = {}
-        prefill = _convert(request.prefill, prefill_from_proto, failed)
-        decode = _convert(request.decode, entry_from_proto, failed)
-        self.touch([c.request_id for c in prefill] + [e.request_id for e in decode])
+        ids = [c.request_id for c in request.prefill] + [e.request_id for e in request.decode]
+        mine = set(self.claim(ids, owner, failed))
+        prefill = _convert(
+            [c for c in request.prefill if c.request_id in mine], prefill_from_proto, failed
+        )
+        decode = _convert(
+            [e for e in request.decode if e.request_id in mine], entry_from_proto, failed
+        )
         results = self.model.verify(prefill, decode, failed)
         return target_pb2.VerifyResponse(results=[result_to_proto(r) for r in results])
 

@@ -282,3 +282,19 @@ def test_sequences_nobody_touches_are_reclaimed_and_live_ones_stay(service_confi
         assert server.runner.num_free_pages == free
     finally:
         server.close()
+
+
+def test_a_sequence_belongs_to_the_coordinator_that_opened_it(target):
+    server, stub = target
+    a, b = (("x-specdec-coordinator", "a"),), (("x-specdec-coordinator", "b"),)
+    opening = target_pb2.VerifyRequest(prefill=[chunk("r1", 0, PROMPT, True)])
+    (first,) = stub.Verify(opening, metadata=a).results
+    step = target_pb2.VerifyRequest(decode=[entry("r1", len(PROMPT), first.token_ids[0], [])])
+    (foreign,) = stub.Verify(step, metadata=b).results
+    assert foreign.error_code == "NOT_FOUND" and "another coordinator" in foreign.error_message
+    stub.Release(common_pb2.ReleaseRequest(request_ids=["r1"]), metadata=b)  # ignored
+    assert server.runner.seq_len("r1") == len(PROMPT)
+    (own,) = stub.Verify(step, metadata=a).results
+    assert not own.error_code and own.num_cached_tokens == len(PROMPT) + 1
+    stub.Release(common_pb2.ReleaseRequest(request_ids=["r1"]), metadata=a)
+    assert not server.runner.has("r1")
