@@ -347,6 +347,14 @@ async def _none() -> None:
     return None
 
 
+def public_message_limits(limits: ModelLimits) -> list[tuple[str, int]]:
+    """The public API's message size limits, from the model: a request is at most a prompt
+    of max_model_len tokens (as ids or text, budgeted at 64 bytes a token) or its chat
+    messages, a response one step's tokens and text. Larger is RESOURCE_EXHAUSTED."""
+    size = 1024 * 1024 + 64 * limits.max_model_len
+    return [("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size)]
+
+
 async def _get_info(stub, name: str, address: str, timeout: float) -> common_pb2.ModelInfo:
     try:
         return await stub.GetInfo(common_pb2.InfoRequest(), timeout=timeout, wait_for_ready=True)
@@ -414,7 +422,7 @@ async def create_server(
     interceptors = [UndecodableRequestInterceptor()]
     if api_key:
         interceptors.insert(0, BearerTokenServerInterceptor(api_key, who))
-    server = grpc.aio.server(interceptors=interceptors)
+    server = grpc.aio.server(interceptors=interceptors, options=public_message_limits(limits))
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
         CoordinatorServicer(engine, tokenizer, chat_template), server
     )

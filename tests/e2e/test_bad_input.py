@@ -343,3 +343,13 @@ def test_generate_refuses_a_text_prompt_that_is_not_utf8(stack, healthy):
         )
         expect(lambda: list(generate(text_field, timeout=30)), INVALID, "UTF-8")
     still_serving(stack, healthy)
+
+
+def test_a_64_mib_request_is_resource_exhausted(stack, healthy):
+    huge = coordinator_pb2.GenerateRequest(text="x" * (64 * 1024 * 1024))
+    with grpc.insecure_channel(stack.address) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        expect(
+            lambda: list(stub.Generate(huge, timeout=60)), grpc.StatusCode.RESOURCE_EXHAUSTED, ""
+        )
+    still_serving(stack, healthy)
