@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 
@@ -112,3 +114,30 @@ def test_a_tiny_temperature_is_greedy_and_its_batch_neighbours_finish_unchanged(
         tiny = GenerateParams(max_tokens=24, ignore_eos=True, temperature=temperature, top_k=3)
         _, outs = generate_concurrently(stack.address, prompt_ids[:5], [tiny] + [greedy] * 4)
         assert [o.token_ids for o in outs] == [e.token_ids for e in expected]
+
+
+def test_a_stopped_draft_costs_one_deadline_not_one_per_step(stack, prompt_ids):
+    """SIGSTOP: the draft neither answers nor closes its connections. The step that meets it
+    waits one deadline; then the coordinator stops calling it until a probe answers."""
+    draft = [p for p in stack.processes if p.name == "draft"][-1]  # restarted above
+    coordinator = next(p for p in stack.processes if p.name == "coordinator")
+    params = GenerateParams(max_tokens=64, ignore_eos=True)
+    _, expected = generate_concurrently(stack.baseline_address, prompt_ids[4:5], params)
+    failures_before = sum("draft failed step" in line for line in coordinator.lines)
+    os.kill(draft.proc.pid, signal.SIGSTOP)
+    try:
+        _, outs = generate_concurrently(stack.address, prompt_ids[4:5], params)
+        failures = sum("draft failed step" in line for line in coordinator.lines)
+    finally:
+        os.kill(draft.proc.pid, signal.SIGCONT)
+    assert outs[0].token_ids == expected[0].token_ids
+    assert failures - failures_before == 1  # one deadline, not one per step
+    assert outs[0].stats["num_k0_steps"] > 10
+    # Continued, the draft answers a probe and drafting resumes.
+    assert wait_until(
+        lambda: generate_concurrently(stack.address, prompt_ids[5:6], params)[1][0].stats[
+            "num_drafts"
+        ]
+        > 0,
+        timeout=60,
+    )
