@@ -47,12 +47,16 @@ INTERNAL_CALLER = (
 )
 T = TypeVar("T")
 
-# Draft probabilities are K x vocab float32 (8 x 152k x 4 B is ~5 MB): above gRPC's 4 MB.
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-GRPC_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-]
+# Draft probabilities are K x vocab float32 per proposed token (8 x 152k x 4 B is ~5 MB):
+# above gRPC's 4 MB. A step carries at most this many proposed tokens' probabilities.
+MAX_SAMPLED_TOKENS_PER_STEP = 512
+
+
+def message_limits(vocab_size: int) -> list[tuple[str, int]]:
+    """Explicit message size limits, from the model: one step's draft probabilities
+    (``MAX_SAMPLED_TOKENS_PER_STEP`` x vocab float32) plus 16 MiB for the rest."""
+    size = 16 * 1024 * 1024 + MAX_SAMPLED_TOKENS_PER_STEP * vocab_size * 4
+    return [("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size)]
 
 
 # ---- config -------------------------------------------------------------------------------
@@ -347,7 +351,8 @@ class ModelService:
             runner = await executor.run(load_runner, config)
         token = os.environ.get(INTERNAL_TOKEN_ENV, "")
         interceptors = [BearerTokenServerInterceptor(token, INTERNAL_CALLER)] if token else []
-        server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=interceptors)
+        options = message_limits(runner.vocab_size)
+        server = grpc.aio.server(options=options, interceptors=interceptors)
         servicer = self.servicer(self.model(runner), executor)
         self.add_to_server(servicer, server)
         servicer.start_reclaiming(config.sequence_idle_timeout)

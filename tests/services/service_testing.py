@@ -11,7 +11,7 @@ import pytest
 
 from runtime.model_runner import ModelRunner
 from runtime.sequence import SequenceChunk
-from runtime.serving import GRPC_OPTIONS, ServiceConfig
+from runtime.serving import ServiceConfig, message_limits
 
 NUM_PAGES = 64
 PAGE_SIZE = 4  # small pages, so sequences cross page boundaries
@@ -27,7 +27,8 @@ class ServerThread:
         self._thread.start()
         self._server, self.port = self._await(create_server(config, runner))
         self._await(self._server.start())
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}", options=GRPC_OPTIONS)
+        options = message_limits(runner.vocab_size)
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}", options=options)
 
     def _await(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
