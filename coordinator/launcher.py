@@ -31,7 +31,8 @@ from coordinator.client import Prompt
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 # The real pair: SmolLM2-135M-Instruct (fetched and converted by scripts/fetch_models.py)
-# and the draft trained for it; and the bundled tiny pair, the test suite's.
+# and the draft trained for it (completed by the same script); and the bundled tiny pair,
+# still the default until the real draft pays for itself (models/README.md).
 REAL_TARGET = MODELS_DIR / "smollm2-135m-instruct"
 REAL_DRAFT = MODELS_DIR / "smollm2-draft"
 TINY_TARGET = MODELS_DIR / "target"
@@ -80,7 +81,8 @@ def held_out_prompts(target_model: str, n: int) -> list[Prompt]:
     for a target with a chat template (the real pair's held-out questions), else the
     tiny pair's held-out code prompts."""
     if ChatTemplate.from_pretrained(target_model) is not None:
-        return json.loads((REAL_DRAFT / "heldout_prompts.json").read_text())[:n]
+        questions = json.loads((REAL_DRAFT / "heldout.json").read_text())["prompts"]
+        return [[{"role": "user", "content": q}] for q in questions[:n]]
     return json.loads((MODELS_DIR / "heldout.json").read_text())["prompts"][:n]
 
 

@@ -206,19 +206,26 @@ class DecoderModel(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """``forward`` -> final hidden states ``[T, hidden]``; ``compute_logits`` -> float32."""
+    """``forward`` -> final hidden states ``[T, hidden]``; ``compute_logits`` -> float32
+    ``[T, vocab]``, -inf at the ids a frequency-ranked head (``head_token_ids``) leaves out."""
 
     def __init__(self, config: ModelConfig, max_positions: int) -> None:
         super().__init__()
         self.config = config
         self.model = DecoderModel(config, max_positions)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.head_size, bias=False)
+        # Set by finalize: built on the meta device, a buffer would hold garbage until then.
+        self.register_buffer("head_token_ids", None, persistent=False)
 
     def forward(self, input_ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         return self.model(input_ids, ctx)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        logits = self.lm_head(hidden).float()
+        if self.head_token_ids is None:
+            return logits
+        full = logits.new_full((logits.shape[0], self.config.vocab_size), float("-inf"))
+        return full.index_copy_(1, self.head_token_ids, logits)
 
     def use_cpu_kernels(self, enabled: bool) -> bool:
         """Run the linears, RMSNorm, q/k norm + RoPE and SiLU-and-mul as C kernels
@@ -233,8 +240,15 @@ class CausalLM(nn.Module):
         return on
 
     def finalize(self) -> None:
-        """After loading: tie ``lm_head`` to the embeddings (a transposed copy) if asked."""
+        """After loading: tie ``lm_head`` to the embeddings (a transposed copy; only the
+        head's rows when it covers part of the vocabulary) if asked."""
+        embedding = self.model.embed_tokens.weight.data
+        if self.config.head_token_ids:
+            self.head_token_ids = torch.tensor(
+                self.config.head_token_ids, dtype=torch.int64, device=embedding.device
+            )
         if self.config.tie_word_embeddings:
-            self.lm_head.load("weight", self.model.embed_tokens.weight.data)
+            rows = embedding if self.head_token_ids is None else embedding[self.head_token_ids]
+            self.lm_head.load("weight", rows)
         for layer in self.model.layers:
             layer.self_attn.finalize()

@@ -66,6 +66,22 @@ class ModelConfig:
     mlp_bias: bool = False
     qk_norm: bool = False
     eos_token_ids: tuple[int, ...] = field(default=())
+    # A frequency-ranked output head (FR-Spec): the vocabulary ids its rows score, in row
+    # order. Empty = the head covers the whole vocabulary. The model scores the other ids
+    # -inf, so a draft never proposes them and gives them probability exactly 0.
+    head_token_ids: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        ids = self.head_token_ids
+        if ids and (len(set(ids)) != len(ids) or not 0 <= min(ids) <= max(ids) < self.vocab_size):
+            raise ValueError(
+                f"head_token_ids must be distinct ids in [0, {self.vocab_size}) (vocab_size)"
+            )
+
+    @property
+    def head_size(self) -> int:
+        """Rows of the output head: ``len(head_token_ids)``, or the vocabulary."""
+        return len(self.head_token_ids) or self.vocab_size
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
@@ -97,6 +113,7 @@ class ModelConfig:
             mlp_bias=bool(raw.get("mlp_bias", False)),
             qk_norm=SUPPORTED_ARCHITECTURES[arch],
             eos_token_ids=_as_ids(raw.get("eos_token_id")),
+            head_token_ids=_as_ids(raw.get("head_token_ids")),
         )
 
     @classmethod

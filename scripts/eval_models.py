@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -51,30 +52,29 @@ def greedy(model, ids: list[int], new_tokens: int) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
-@torch.no_grad()
-def draft_rollout(draft, context: list[int], k: int) -> list[int]:
-    return greedy(draft, context, k)
-
-
-def acceptance(target_out: list[int], prompt: list[int], draft, k: int) -> tuple[int, int, int]:
+def acceptance(
+    target_out: list[int],
+    prompt: list[int],
+    propose: Callable[[list[int], int], list[int]],
+    k: int,
+) -> list[int]:
     """Replays greedy speculative decoding over the target's own greedy output.
 
     Greedy speculative output equals target greedy output, so each round's accepted count
-    is the matching prefix of the draft's rollout and the target's next tokens.
-    Returns (rounds, drafted, accepted).
+    is the matching prefix of the draft's rollout (``propose(context, k)``: its ``k``
+    greedy tokens) and the target's next tokens. Returns the accepted count of each round
+    (``k`` tokens drafted per round).
     """
-    rounds = drafted = accepted = 0
+    counts = []
     i = 0
     while i < len(target_out):
-        proposal = draft_rollout(draft, prompt + target_out[:i], k)
+        proposal = propose(prompt + target_out[:i], k)
         a = 0
         while a < k and i + a < len(target_out) and proposal[a] == target_out[i + a]:
             a += 1
-        rounds += 1
-        drafted += k
-        accepted += a
+        counts.append(a)
         i += a + 1
-    return rounds, drafted, accepted
+    return counts
 
 
 def distinct_4gram_share(tokens: list[int]) -> float:
@@ -115,13 +115,13 @@ def main() -> None:
     vocab = target.config.vocab_size
     target_ms, draft_ms = forward_ms(target, vocab), forward_ms(draft, vocab)
 
-    rounds = drafted = accepted = 0
+    counts: list[int] = []  # accepted tokens per round
     shares = []
     for prompt in prompts:
         out = greedy(target, prompt, args.new_tokens)
         shares.append(distinct_4gram_share(out))
-        r, d, a = acceptance(out, prompt, draft, args.k)
-        rounds, drafted, accepted = rounds + r, drafted + d, accepted + a
+        counts += acceptance(out, prompt, lambda context, k: greedy(draft, context, k), args.k)
+    rounds, accepted, drafted = len(counts), sum(counts), args.k * len(counts)
     emitted = args.new_tokens * len(prompts)
     figures = {
         "target_params": n_target,

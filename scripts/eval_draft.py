@@ -1,0 +1,119 @@
+"""Measure the SmolLM2 draft against its target with the project's runtime.
+
+On the held-out chat prompts (``heldout.json``, never trained on): the target's
+greedy answer (``--new-tokens``, stopping at EOS), replayed as chain speculative decoding
+with ``--k`` greedy draft tokens per round (``eval_models.acceptance``): mean acceptance
+length = 1 + accepted / drafts, and the acceptance rate per draft position. Then the cost
+of one decode step of each model at batch 1 on one thread (median over ``--repeats``
+steps at a ``--context``-token cache, the two models interleaved so load on the machine
+hits both alike). Figures go to ``<draft>/eval.json``.
+
+Usage: ``python scripts/eval_draft.py [--k 5] [--new-tokens 64]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from eval_models import acceptance
+from fetch_models import DRAFT_DIR, MODEL_DIR
+
+from runtime import ModelRunner, SequenceChunk
+from runtime.loader import load_tokenizer
+
+
+def greedy(runner: ModelRunner, context: list[int], num_new: int, stop: bool) -> list[int]:
+    """``num_new`` greedy tokens after ``context`` (fewer when ``stop`` and EOS comes)."""
+    runner.open("eval")
+    try:
+        logits = runner.extend([SequenceChunk("eval", context)])[0]
+        out: list[int] = []
+        while len(out) < num_new:
+            out.append(int(logits[-1].argmax()))
+            if stop and out[-1] in runner.eos_token_ids:
+                break
+            if len(out) < num_new:
+                logits = runner.extend([SequenceChunk("eval", [out[-1]])])[0]
+        return out
+    finally:
+        runner.release("eval")
+
+
+def step_ms(runners: dict[str, ModelRunner], context: int, repeats: int) -> dict[str, float]:
+    """Median wall time of one single-token decode step per runner, batch 1."""
+    ids = torch.randint(0, 49152, (context,), generator=torch.Generator().manual_seed(0))
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for runner in runners.values():
+        runner.open("bench")
+        runner.extend([SequenceChunk("bench", ids.tolist())])
+    for _ in range(repeats):
+        for name, runner in runners.items():
+            start = time.perf_counter()
+            runner.extend([SequenceChunk("bench", [5])])
+            times[name].append(time.perf_counter() - start)
+            runner.truncate("bench", context)
+    for runner in runners.values():
+        runner.release("bench")
+    return {name: sorted(t)[len(t) // 2] * 1000 for name, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--draft", type=Path, default=DRAFT_DIR)
+    parser.add_argument("--target", type=Path, default=MODEL_DIR)
+    parser.add_argument("--k", type=int, default=5)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--context", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=60)
+    parser.add_argument("--samples", type=int, default=2, help="answers kept in eval.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    tokenizer = load_tokenizer(args.target)
+    target = ModelRunner.from_pretrained(args.target, num_pages=64, max_model_len=1024)
+    draft = ModelRunner.from_pretrained(args.draft, num_pages=64, max_model_len=1024)
+    questions = json.loads((args.draft / "heldout.json").read_text())["prompts"]
+    counts: list[int] = []  # accepted tokens per round
+    samples = []
+    for question in questions:
+        chat = [{"role": "user", "content": question}]
+        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+        out = greedy(target, prompt, args.new_tokens, stop=True)
+        counts += acceptance(out, prompt, lambda c, k: greedy(draft, c, k, stop=False), args.k)
+        if len(samples) < args.samples:
+            own = greedy(draft, prompt, args.new_tokens, stop=True)
+            samples.append(
+                {
+                    "prompt": question,
+                    "target_greedy": tokenizer.decode(out),
+                    "draft_greedy": tokenizer.decode(own),
+                }
+            )
+    rounds, accepted = len(counts), sum(counts)
+    timings = step_ms({"target": target, "draft": draft}, args.context, args.repeats)
+    figures = {
+        "num_prompts": len(questions),
+        "k": args.k,
+        "new_tokens": args.new_tokens,
+        "rounds": rounds,
+        "accepted": accepted,
+        "mean_acceptance_length": round(1 + accepted / rounds, 3),
+        "acceptance_rate": round(accepted / (rounds * args.k), 3),
+        "acceptance_per_position": [
+            round(sum(a > n for a in counts) / rounds, 3) for n in range(args.k)
+        ],
+        "decode_step_ms_batch1_1thread": {k: round(v, 2) for k, v in timings.items()},
+        "context_tokens": args.context,
+        "draft_to_target_cost": round(timings["draft"] / timings["target"], 4),
+        "samples": samples,
+    }
+    (args.draft / "eval.json").write_text(json.dumps(figures, indent=1, ensure_ascii=False) + "\n")
+    print(json.dumps({k: v for k, v in figures.items() if k != "samples"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,408 @@
+"""Distil a two-layer draft for SmolLM2-135M-Instruct (the real target) on this machine.
+
+One reproducible recipe (fixed seeds; config, package versions and timings logged to
+``<out>/train_log.json``):
+
+1. Chat prompts from documentation on the machine (``draft_prompts``); a held-out set,
+   from source files no training prompt comes from, is saved as ``heldout.json``
+   (``{"prompts": [user turn, ...]}``, what ``coordinator.launcher.held_out_prompts`` reads).
+2. Teacher data (``draft_teacher``): the target's greedy and sampled answers, with its
+   top-k next-token log-probs at every prompt and answer position, generated in batches
+   until the generation budget is spent; cached under ``--data-dir`` (git-ignored).
+3. Output head over a frequency-ranked vocabulary subset (FR-Spec): the ``--head-size``
+   ids most frequent in the target's answers (then in the prompts, then by BPE rank).
+4. Draft: Llama with the target's widths; the target's embedding (shared and frozen) and
+   final norm, two of its layers (the pair with the lowest initial validation loss among
+   ``LAYER_CANDIDATES``), and a head initialised from the embedding rows of the subset.
+   Loss: cross-entropy to the target's distribution renormalised over the subset (KL up
+   to a constant) at every position (prompt positions weighted ``prompt_weight``), plus
+   ``ce_weight`` x cross-entropy on the target's own answer tokens. Training stops at the
+   time budget; the checkpoint with the best validation top-1 agreement is kept.
+5. Save: the draft's own tensors (no embedding) in ``draft.safetensors``; the folder is
+   completed with the target's embedding and tokenizer by ``fetch_models.complete_draft``
+   (also run by ``scripts/fetch_models.py``), then FP8 KV scales are calibrated.
+
+Usage: ``python scripts/train_draft.py [--gen-minutes 26] [--train-minutes 24]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from draft_prompts import build_prompts
+from draft_teacher import TeacherSequence, generate
+from fetch_models import DRAFT_DIR, MODEL_DIR, calibrate_kv_scales, complete_draft
+from safetensors.torch import load_file, save_file
+from torch import nn
+from train_models import log, lr_at
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from runtime import ModelRunner
+
+ROOT = Path(__file__).resolve().parent.parent
+DRAFT_WEIGHTS = "draft.safetensors"
+# (first, second) target layer copied into the draft's two layers.
+LAYER_CANDIDATES = ((0, 29), (0, 28), (1, 29), (0, 27), (0, 1), (0, 15), (28, 29))
+
+
+@dataclass(frozen=True)
+class Recipe:
+    seed: int = 0
+    heldout_every: int = 20  # one source file in N (by path hash) is held out
+    num_heldout_prompts: int = 32
+    max_prompt_tokens: int = 112  # with the chat template's system turn
+    gen_batch: int = 64
+    max_new_tokens: int = 96
+    temperature: float = 0.7  # for the sampled half of the answers
+    top_k: int = 32  # teacher log-probs kept per position
+    gen_minutes: float = 26.0
+    head_size: int = 8192
+    num_val_sequences: int = 16
+    batch_tokens: int = 3072
+    lr: float = 6e-4
+    prompt_weight: float = 0.3
+    ce_weight: float = 0.5
+    train_minutes: float = 24.0
+    eval_every_seconds: float = 150.0
+
+
+def encode_prompts(tokenizer, prompts: list[str], max_tokens: int) -> list[list[int]]:
+    """Each prompt as a one-turn chat through the chat template; the ones that fit."""
+    out = []
+    for prompt in prompts:
+        chat = [{"role": "user", "content": prompt}]
+        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) <= max_tokens:
+            out.append(ids)
+    return out
+
+
+def teacher_data(recipe: Recipe, prompts: list[list[int]], path: Path) -> list[TeacherSequence]:
+    """Generate (or reuse ``path``) the target's answers until ``gen_minutes`` is spent."""
+    if path.is_file():
+        log(f"reusing teacher data {path}")
+        return torch.load(path, weights_only=False)
+    runner = ModelRunner.from_pretrained(
+        MODEL_DIR,
+        max_model_len=recipe.max_prompt_tokens + recipe.max_new_tokens + 1,
+        num_pages=recipe.gen_batch * 14,
+    )
+    gen = torch.Generator().manual_seed(recipe.seed + 1)
+    data: list[TeacherSequence] = []
+    t0 = time.time()
+    budget = recipe.gen_minutes * 60
+    batch_seconds = 0.0
+    for start in range(0, len(prompts), recipe.gen_batch):
+        if time.time() - t0 + batch_seconds > budget:
+            break
+        t_batch = time.time()
+        batch = prompts[start : start + recipe.gen_batch]
+        sampled = [(start + i) % 2 == 1 for i in range(len(batch))]
+        data += generate(
+            runner, batch, sampled, recipe.max_new_tokens, recipe.temperature, recipe.top_k, gen
+        )
+        batch_seconds = time.time() - t_batch
+        answers = sum(s.num_answer_tokens for s in data)
+        log(
+            f"teacher: {len(data)} answers, {answers} answer tokens, "
+            f"{sum(len(s.token_ids) for s in data)} tokens ({batch_seconds:.0f} s this batch)"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(data, path)
+    return data
+
+
+def head_token_ids(data: list[TeacherSequence], size: int, special: list[int]) -> list[int]:
+    """The ``size`` ids most frequent in the answers, then in the prompts, then by BPE rank
+    (a lower id is an earlier merge), always with the special tokens; sorted ascending."""
+    answers = Counter(t for s in data for t in s.token_ids[s.prompt_len :])
+    prompts = Counter(t for s in data for t in s.token_ids[: s.prompt_len])
+    ranked = sorted(set(answers) | set(prompts), key=lambda t: (-answers[t], -prompts[t], t))
+    chosen = list(dict.fromkeys(special + ranked))[:size]
+    taken = set(chosen)
+    rest = (t for t in range(size * 8) if t not in taken)
+    while len(chosen) < size:
+        chosen.append(next(rest))
+    return sorted(chosen)
+
+
+def draft_config(target: dict, head_ids: list[int]) -> dict:
+    """The draft's ``config.json``: the target's, two layers, an untied subset head."""
+    config = dict(target)
+    config.update(num_hidden_layers=2, tie_word_embeddings=False, head_token_ids=head_ids)
+    return config
+
+
+def build_draft(config: dict, target: dict[str, torch.Tensor], layers: tuple[int, int]):
+    """An HF Llama body plus a subset head, initialised from the target."""
+    hf = LlamaConfig(**{k: v for k, v in config.items() if k != "head_token_ids"})
+    model = LlamaForCausalLM(hf)
+    ids = torch.tensor(config["head_token_ids"])
+    model.lm_head = nn.Linear(hf.hidden_size, len(ids), bias=False)
+    state = {"lm_head.weight": target["model.embed_tokens.weight"][ids].clone()}
+    for name, tensor in target.items():
+        if not name.startswith("model.layers."):
+            state[name] = tensor.clone()
+            continue
+        layer, _, rest = name.removeprefix("model.layers.").partition(".")
+        for i, src in enumerate(layers):
+            if int(layer) == src and not rest.endswith("_scale"):
+                state[f"model.layers.{i}.{rest}"] = tensor.clone()
+    model.load_state_dict(state, strict=True)
+    model.model.embed_tokens.weight.requires_grad_(False)
+    return model
+
+
+class Batches:
+    """Right-padded batches of about ``batch_tokens`` tokens; teacher targets mapped to
+    positions in the head (``to_head``: vocabulary id -> head row, -1 if not covered)."""
+
+    def __init__(self, data: list[TeacherSequence], to_head: torch.Tensor, recipe: Recipe):
+        self.data, self.to_head, self.recipe = data, to_head, recipe
+
+    def make(self, seqs: list[TeacherSequence]) -> dict[str, torch.Tensor]:
+        length = max(len(s.token_ids) for s in seqs)
+        x = torch.zeros(len(seqs), length, dtype=torch.int64)
+        rows, answer, top_ids, top_lp, labels = [], [], [], [], []
+        for b, s in enumerate(seqs):
+            n = len(s.token_ids)
+            x[b, :n] = torch.tensor(s.token_ids)
+            rows.append(torch.arange(n - 1) + b * length)
+            is_answer = torch.zeros(n - 1, dtype=torch.bool)
+            is_answer[s.prompt_len - 1 :] = True
+            answer.append(is_answer)
+            top_ids.append(s.top_ids.long())
+            top_lp.append(s.top_logprobs.float())
+            label = torch.tensor(s.token_ids[1:])
+            label[: s.prompt_len - 1] = -1  # hard targets only on the target's own tokens
+            labels.append(label)
+        top = self.to_head[torch.cat(top_ids)]
+        probs = torch.cat(top_lp).exp() * (top >= 0)
+        labels = torch.cat(labels)
+        covered = labels >= 0
+        labels[covered] = self.to_head[labels[covered]]
+        return {
+            "x": x,
+            "rows": torch.cat(rows),
+            "answer": torch.cat(answer),
+            "top": top.clamp(min=0),
+            # Renormalised over the covered ids; rows with no covered mass drop out below.
+            "probs": probs / probs.sum(-1, keepdim=True).clamp(min=1e-9),
+            "labels": labels,  # head row, or -1 (prompt position or uncovered token)
+            "teacher_top1": torch.cat(top_ids)[:, 0],
+        }
+
+    def epoch(self, rng: random.Random):
+        order = list(self.data)
+        rng.shuffle(order)
+        batch: list[TeacherSequence] = []
+        for s in order:
+            batch.append(s)
+            if sum(len(t.token_ids) for t in batch) >= self.recipe.batch_tokens:
+                yield self.make(batch)
+                batch = []
+        if batch:
+            yield self.make(batch)
+
+
+def losses(model, batch: dict[str, torch.Tensor], recipe: Recipe) -> dict[str, torch.Tensor]:
+    hidden = model.model(batch["x"]).last_hidden_state.flatten(0, 1)[batch["rows"]]
+    logq = F.log_softmax(model.lm_head(hidden).float(), dim=-1)
+    probs = batch["probs"]
+    has_mass = probs.sum(-1) > 0
+    soft = -(probs * logq.gather(1, batch["top"])).sum(-1)
+    answer = batch["answer"]
+    weights = torch.where(answer, 1.0, recipe.prompt_weight) * has_mass
+    soft_loss = (soft * weights).sum() / weights.sum()
+    labels = batch["labels"]
+    hard_loss = F.nll_loss(logq[labels >= 0], labels[labels >= 0])
+    return {
+        "loss": soft_loss + recipe.ce_weight * hard_loss,
+        "soft": soft_loss,
+        "hard": hard_loss,
+        "argmax": logq.argmax(-1),
+    }
+
+
+@torch.no_grad()
+def validate(model, batches: list[dict], head_ids: torch.Tensor, recipe: Recipe) -> dict:
+    """Soft loss and top-1 agreement with the target at answer positions."""
+    model.eval()
+    soft, agree, count = 0.0, 0, 0
+    for batch in batches:
+        out = losses(model, batch, recipe)
+        soft += out["soft"].item()
+        answer = batch["answer"]
+        agree += int((head_ids[out["argmax"][answer]] == batch["teacher_top1"][answer]).sum())
+        count += int(answer.sum())
+    model.train()
+    return {"soft": round(soft / len(batches), 4), "agreement": round(agree / count, 4)}
+
+
+def pick_layers(config, target, val_batches, head_ids, recipe) -> tuple[tuple[int, int], dict]:
+    scores = {}
+    for layers in LAYER_CANDIDATES:
+        model = build_draft(config, target, layers)
+        scores[str(layers)] = validate(model, val_batches, head_ids, recipe)
+        log(f"layers {layers}: initial validation {scores[str(layers)]}")
+    best = min(LAYER_CANDIDATES, key=lambda pair: scores[str(pair)]["soft"])
+    return best, scores
+
+
+def train(model, train_data: Batches, val_batches, head_ids, recipe: Recipe) -> dict:
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.0)
+    rng = random.Random(recipe.seed + 2)
+    budget = recipe.train_minutes * 60
+    t0 = last_eval = time.time()
+    best = {"step": 0, **validate(model, val_batches, head_ids, recipe)}
+    best_state = {k: v.clone() for k, v in model.state_dict().items()}
+    history, step, epoch, tokens = [best], 0, 0, 0
+    log(f"train: initial validation {best}")
+    while time.time() - t0 < budget:
+        for batch in train_data.epoch(rng):
+            progress = min(1.0, (time.time() - t0) / budget)
+            for group in opt.param_groups:
+                group["lr"] = lr_at(int(1000 * progress), 1000, recipe.lr)
+            out = losses(model, batch, recipe)
+            out["loss"].backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            tokens += batch["x"].numel()
+            if step % 10 == 0:
+                log(
+                    f"step {step} (epoch {epoch}): soft {out['soft'].item():.3f} "
+                    f"hard {out['hard'].item():.3f} ({tokens / (time.time() - t0):.0f} tok/s)"
+                )
+            done = time.time() - t0 >= budget
+            if done or time.time() - last_eval >= recipe.eval_every_seconds:
+                last_eval = time.time()
+                result = {"step": step, **validate(model, val_batches, head_ids, recipe)}
+                history.append(result)
+                log(f"validation {result}")
+                if result["agreement"] > best["agreement"]:
+                    best = result
+                    best_state = {k: v.clone() for k, v in model.state_dict().items()}
+            if done:
+                break
+        epoch += 1
+    model.load_state_dict(best_state)
+    minutes = (time.time() - t0) / 60
+    return {"steps": step, "epochs": epoch, "minutes": round(minutes, 1), "best": best,
+            "history": history}  # fmt: skip
+
+
+def save_draft(model, config: dict, out: Path) -> None:
+    """``config.json`` (head ids on one line), ``generation_config.json`` and the draft's own
+    tensors (everything but the shared embedding) in ``DRAFT_WEIGHTS``."""
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({**config, "head_token_ids": "@IDS@"}, indent=2)
+    text = text.replace('"@IDS@"', json.dumps(config["head_token_ids"]))
+    (out / "config.json").write_text(text + "\n")
+    gen = json.loads((MODEL_DIR / "generation_config.json").read_text())
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    state = model.state_dict()
+    weights = {k: v.contiguous() for k, v in state.items() if k != "model.embed_tokens.weight"}
+    save_file(weights, out / DRAFT_WEIGHTS, metadata={"format": "pt"})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DRAFT_DIR)
+    parser.add_argument("--data-dir", type=Path, default=ROOT / "runs" / "draft_data")
+    parser.add_argument("--gen-minutes", type=float, default=Recipe.gen_minutes)
+    parser.add_argument("--train-minutes", type=float, default=Recipe.train_minutes)
+    parser.add_argument("--gen-batch", type=int, default=Recipe.gen_batch)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    recipe = Recipe(
+        gen_minutes=args.gen_minutes, train_minutes=args.train_minutes, gen_batch=args.gen_batch
+    )
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(recipe.seed)
+    t_start = time.time()
+    timings: dict[str, float] = {}
+    log(f"recipe: {asdict(recipe)}")
+    tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR, local_files_only=True)
+    train_prompts, heldout = build_prompts(
+        recipe.seed, recipe.heldout_every, recipe.num_heldout_prompts
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "heldout.json").write_text(json.dumps({"prompts": heldout}, indent=1) + "\n")
+    prompts = encode_prompts(tokenizer, train_prompts, recipe.max_prompt_tokens)
+    timings["prompts_minutes"] = round((time.time() - t_start) / 60, 2)
+    log(f"prompts: {len(prompts)} train chats that fit, {len(heldout)} held out")
+
+    t0 = time.time()
+    data = teacher_data(recipe, prompts, args.data_dir / "teacher.pt")
+    timings["teacher_minutes"] = round((time.time() - t0) / 60, 2)
+    val_data, train_seqs = data[: recipe.num_val_sequences], data[recipe.num_val_sequences :]
+
+    target_config = json.loads((MODEL_DIR / "config.json").read_text())
+    special = sorted({0, 1, 2, *tokenizer.all_special_ids})
+    head_ids = head_token_ids(train_seqs, recipe.head_size, special)
+    config = draft_config(target_config, head_ids)
+    head = torch.tensor(head_ids)
+    to_head = torch.full((target_config["vocab_size"],), -1, dtype=torch.int64)
+    to_head[head] = torch.arange(len(head))
+    answers = [t for s in data for t in s.token_ids[s.prompt_len :]]
+    coverage = sum(int(to_head[t] >= 0) for t in answers) / len(answers)
+    log(f"head covers {coverage:.4f} of the target's answer tokens")
+
+    target = load_file(MODEL_DIR / "model.safetensors")
+    val_batches = list(Batches(val_data, to_head, recipe).epoch(random.Random(0)))
+    t0 = time.time()
+    layers, layer_scores = pick_layers(config, target, val_batches, head, recipe)
+    timings["layer_pick_minutes"] = round((time.time() - t0) / 60, 2)
+    log(f"layers {layers} chosen")
+    model = build_draft(config, target, layers)
+    del target
+    train_log = train(model, Batches(train_seqs, to_head, recipe), val_batches, head, recipe)
+    timings["train_minutes"] = train_log["minutes"]
+
+    t0 = time.time()
+    save_draft(model, config, args.out)
+    complete_draft(args.out, MODEL_DIR)
+    scales = calibrate_kv_scales(args.out)
+    weights = load_file(args.out / DRAFT_WEIGHTS)
+    save_file({**weights, **scales}, args.out / DRAFT_WEIGHTS, metadata={"format": "pt"})
+    complete_draft(args.out, MODEL_DIR)  # again: the index now names the scales too
+    timings["save_minutes"] = round((time.time() - t0) / 60, 2)
+    timings["total_minutes"] = round((time.time() - t_start) / 60, 1)
+    packages = ("torch", "transformers", "tokenizers", "safetensors")
+    report = {
+        "recipe": asdict(recipe),
+        "python": sys.version.split()[0],
+        "package_versions": {p: metadata.version(p) for p in packages},
+        "torch_threads": torch.get_num_threads(),
+        "target": str(MODEL_DIR.relative_to(ROOT)),
+        "num_train_prompts_available": len(prompts),
+        "num_teacher_sequences": len(data),
+        "num_teacher_tokens": sum(len(s.token_ids) for s in data),
+        "num_teacher_answer_tokens": len(answers),
+        "num_sampled_answers": sum(s.sampled for s in data),
+        "head_coverage_of_answer_tokens": round(coverage, 4),
+        "layers_from_target": list(layers),
+        "layer_candidates_initial_validation": layer_scores,
+        "train": train_log,
+        "timings": timings,
+    }
+    (args.out / "train_log.json").write_text(json.dumps(report, indent=1) + "\n")
+    log(f"done in {timings['total_minutes']} min: best {train_log['best']}")
+
+
+if __name__ == "__main__":
+    main()
