@@ -126,10 +126,11 @@ class FakeDraft:
         self.kv_version: int | None = None
         self.failed_request: draft_pb2.DraftStepRequest | None = None
         self.refuse_once: set[str] = set()  # requests the next step refuses alone
+        self.fail_after_ingest = False  # raise the next error only after ingesting the plans
 
     async def Step(self, request, timeout=None, metadata=None):
         self.requests.append(request)
-        if self.errors:
+        if self.errors and not self.fail_after_ingest:
             self.failed_request = request
             raise self.errors.pop(0)
         if request.HasField("kv_scales"):
@@ -170,6 +171,9 @@ class FakeDraft:
             common_pb2.CachedLength(request_id=rid, num_cached_tokens=len(self.logs[rid]))
             for rid in sorted(touched)
         ]
+        if self.errors:  # fail_after_ingest: the plans above were kept
+            self.failed_request = request
+            raise self.errors.pop(0)
         return draft_pb2.DraftStepResponse(proposals=proposals, cached=cached, failed=failed)
 
     async def Release(self, request, timeout=None, metadata=None):

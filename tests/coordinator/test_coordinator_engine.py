@@ -106,7 +106,10 @@ def test_every_step_ingests_including_k0_steps():
     assert draft.released_logs["a"] == r.token_ids[:-1]
 
 
-def test_draft_error_runs_k0_then_resyncs_the_whole_log():
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL])
+def test_draft_error_runs_k0_then_resyncs_the_whole_log(code):
+    # INTERNAL too: a draft that failed mid-step may keep part of what it ingested, so the
+    # coordinator trusts none of it and rebuilds every sequence from its log.
     draft, target = FakeDraft(), FakeTarget()
     engine = make_engine(draft, target)
     r = make_request("a", [1, 2, 3, 4], max_tokens=14)
@@ -118,7 +121,8 @@ def test_draft_error_runs_k0_then_resyncs_the_whole_log():
         while len(tokens) < 5:  # prefill + a decode step
             out = await asyncio.wait_for(r.outputs.get(), 5)
             tokens += out.token_ids
-        draft.errors.append(rpc_error(grpc.StatusCode.UNAVAILABLE, "draft restarting"))
+        draft.fail_after_ingest = code == grpc.StatusCode.INTERNAL
+        draft.errors.append(rpc_error(code, "draft failed"))
         rest, reason, error = await collect(r)
         await engine.stop()
         return tokens + rest, reason, error
