@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -34,3 +35,13 @@ def service_info(stack: Stack, draft: bool) -> common_pb2.ModelInfo:
     with grpc.insecure_channel(address) as channel:
         request = common_pb2.InfoRequest()
         return stub_cls(channel).GetInfo(request, timeout=10, metadata=stack.internal_metadata)
+
+
+def wait_until(predicate, timeout: float = 30.0) -> bool:
+    """Polls ``predicate`` until it holds (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False

@@ -261,6 +261,16 @@ def expect(call: Callable[[], object], code: grpc.StatusCode, needle: str) -> No
     assert needle in err.value.details()
 
 
+def refusal(call: Callable[[], list[tuple[str, str]]]) -> tuple[grpc.StatusCode, str]:
+    """(code, message) of a refused call: the RPC's status when the step fails whole, else
+    its one failed entry's (``call`` returns the (code name, message) of each)."""
+    try:
+        ((code, message),) = call()
+    except grpc.RpcError as e:
+        return e.code(), e.details()
+    return grpc.StatusCode[code], message
+
+
 def still_serving(stack, healthy) -> None:
     tokens, pages = healthy
     with CoordinatorClient(stack.address) as client:
@@ -292,13 +302,13 @@ def test_target_verify_refuses_bad_input(stack, healthy, case):
             verify([chunk(OPEN, 0, PROMPT, True), chunk(PARTIAL, 0, PROMPT)]), metadata=meta
         )
         try:
-            # A malformed step fails whole; a bad entry fails alone, in its result.
-            try:
-                results = stub.Verify(request, timeout=30, metadata=meta).results
-                (failed,) = [r for r in results if r.error_code]
-                got = (grpc.StatusCode[failed.error_code], failed.error_message)
-            except grpc.RpcError as e:
-                got = (e.code(), e.details())
+            got = refusal(
+                lambda: [
+                    (r.error_code, r.error_message)
+                    for r in stub.Verify(request, timeout=30, metadata=meta).results
+                    if r.error_code
+                ]
+            )
             assert got[0] == code and needle in got[1], got
             # A refused step changed nothing: both sequences hold what they held.
             info = service_info(stack, draft=False)
@@ -316,12 +326,12 @@ def test_draft_step_refuses_bad_input(stack, healthy, case):
     with grpc.insecure_channel(stack.draft_address) as channel:
         stub = draft_pb2_grpc.DraftServiceStub(channel)
         try:
-            # As at the target: a malformed step fails whole, a bad request alone.
-            try:
-                (failed,) = stub.Step(request, timeout=30, metadata=meta).failed
-                got = (grpc.StatusCode[failed.code], failed.message)
-            except grpc.RpcError as e:
-                got = (e.code(), e.details())
+            got = refusal(
+                lambda: [
+                    (f.code, f.message)
+                    for f in stub.Step(request, timeout=30, metadata=meta).failed
+                ]
+            )
             assert got[0] == code and needle in got[1], got
             assert service_info(stack, draft=True).num_sequences == 0
         finally:

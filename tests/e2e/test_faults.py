@@ -5,24 +5,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 
 import grpc
 import pytest
-from e2e_stack import DRAFT, running_stack, service_info
+from e2e_stack import DRAFT, running_stack, service_info, wait_until
 
 from auth import INTERNAL_TOKEN_ENV
 from coordinator.client import CoordinatorClient, GenerateParams, generate_concurrently
 from coordinator.launcher import ServiceProcess
-
-
-def wait_until(predicate, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 @pytest.fixture(scope="module")

@@ -16,22 +16,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-from e2e_stack import DRAFT, TARGET
+from e2e_stack import DRAFT, TARGET, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.client import CoordinatorClient, GenerateParams, generate_concurrently
 
 SPECDEC = str(Path(sys.executable).parent / "specdec")
 PARAMS = GenerateParams(max_tokens=160, ignore_eos=True)
-
-
-def wait_until(predicate, timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def pid_of(module: str, address: str) -> int:
