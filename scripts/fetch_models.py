@@ -15,6 +15,9 @@ weights held in float32, not the original bfloat16 checkpoint. Steps:
    ``tokenizer_config.json`` (with the GGUF's ChatML template and special tokens).
 4. Calibrate per-layer FP8 KV scales (``amax / 448`` of K after RoPE and of V over chat
    text, ``runtime.calibrate``) and store them as ``model.layers.{i}.self_attn.{k,v}_scale``.
+5. Complete the distilled draft, ``models/smollm2-draft/`` (when present): it is committed
+   without what it shares with the target, so the target's token embedding and tokenizer
+   are copied in (``complete_draft``; see ``models/README.md``).
 
 The folder is built beside its final place and renamed into it at the end, with a stamp
 (``.fetched.json``: source hash, converter version, files) that makes a later run a no-op.
