@@ -1,8 +1,9 @@
 """The real draft, ``models/smollm2-draft`` (``scripts/train_draft.py``).
 
 What is committed fits 50 MB; ``scripts/fetch_models.py`` completes it with the target's
-embedding and tokenizer, after which the runtime loads it, scores only its head's ids, and
-predicts the target's greedy tokens. The completion tests skip until the target is fetched.
+embedding and tokenizer, after which the runtime loads it and scores only its head's ids.
+How well it predicts the target is a figure of the model card, not a test. The
+completion tests skip until the target is fetched.
 """
 
 from __future__ import annotations
