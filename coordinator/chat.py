@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -42,6 +42,14 @@ class ChatTemplate:
         }
         return cls(source, special)
 
+    @cached_property
+    def _compiled(self) -> jinja2.Template:
+        """Compiled once, on first use: requests only render."""
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.filters["tojson"] = lambda value, **kw: json.dumps(value, ensure_ascii=False, **kw)
+        env.globals["raise_exception"] = _raise
+        return env.from_string(self.source)
+
     def render(self, messages: list[dict[str, str]]) -> str:
         """The prompt text for ``messages``, ending where the assistant's answer starts.
 
@@ -53,13 +61,9 @@ class ChatTemplate:
         for i, m in enumerate(messages):
             if m["role"] not in ROLES:
                 raise ValueError(f"messages[{i}].role is {m['role']!r}; expected one of {ROLES}")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.filters["tojson"] = lambda value, **kw: json.dumps(value, ensure_ascii=False, **kw)
-        env.globals["raise_exception"] = _raise
-        context: dict[str, Any] = dict(self.special_tokens)
         try:
-            return env.from_string(self.source).render(
-                messages=messages, add_generation_prompt=True, **context
+            return self._compiled.render(
+                messages=messages, add_generation_prompt=True, **self.special_tokens
             )
         except jinja2.TemplateError as e:
             raise ValueError(f"the chat template refused the messages: {e}") from None
