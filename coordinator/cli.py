@@ -45,8 +45,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     stack.start()
-    print(f"coordinator listening on {stack.address}", flush=True)
-    print(f"  target {stack.target_address}, draft {stack.draft_address or 'none'}", flush=True)
+    for i, (address, target) in enumerate(
+        zip(stack.addresses, stack.target_addresses, strict=True)
+    ):
+        name = "coordinator" if len(stack.addresses) == 1 else f"coordinator {i}"
+        print(f"{name} listening on {address}", flush=True)
+        print(f"  target {target}, draft {stack.draft_address or 'none'}", flush=True)
+    if stack.gateway_url:
+        print(f"openai gateway listening on {stack.gateway_url}", flush=True)
     supervisor = Supervisor(stack)
     try:
         while not stop["now"]:

@@ -109,6 +109,8 @@ class CoordinatorConfig:
     target: str = "127.0.0.1:50052"  # target service address
     draft: str = "127.0.0.1:50051"  # draft service address; "" = target-only serving
     tokenizer: str = ""  # folder with tokenizer.json (normally the target model); optional
+    coordinator_id: str = ""  # who this is to the model services; "" = new at every start
+    served_model_name: str = ""  # the model name the gateway's clients send; "" = the target's
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 16
     speculative_config: str = '{"num_speculative_tokens": 4}'

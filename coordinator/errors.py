@@ -1,4 +1,4 @@
-"""Domain errors. The server maps them to gRPC status codes in one place (`server.py`)."""
+"""Domain errors. They become gRPC status codes in one place (`streaming.status_code`)."""
 
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ from auth import API_KEY_ENV, INTERNAL_TOKEN_ENV, bearer
 from auth.tls import TLSFiles
 from coordinator.chat import ChatTemplate
 from coordinator.client import Prompt
+from coordinator.gateway import start_gateway
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 # The real pair: SmolLM2-135M-Instruct (fetched and converted by scripts/fetch_models.py)
@@ -74,6 +75,10 @@ class StackConfig:
     tls_cert: str = ""  # PEM certificate: the coordinator's public port serves TLS
     tls_key: str = ""  # PEM private key of tls_cert
     tls_ca: str = ""  # PEM CA that signed tls_cert: mutual TLS on the internal hops too
+    replicas: int = 1  # coordinator + target pairs, all sharing the one draft service
+    gateway_port: int = 0  # the SGLang Model Gateway's OpenAI API on this port; 0 = none
+    gateway_policy: str = "round_robin"  # smg's --policy across the replicas
+    served_model_name: str = ""  # the model name the gateway's clients send; "" = folder name
 
 
 def held_out_prompts(target_model: str, n: int) -> list[Prompt]:
@@ -90,12 +95,18 @@ class ServiceProcess:
     """A child process whose output is kept (last lines) and optionally echoed."""
 
     def __init__(
-        self, name: str, argv: list[str], echo: bool, env: dict[str, str] | None = None
+        self,
+        name: str,
+        argv: list[str],
+        echo: bool,
+        env: dict[str, str] | None = None,
+        banner: re.Pattern = BANNER,
     ) -> None:
         self.name = name
         self.argv = argv
         self.echo = echo
         self.env = env or {}
+        self.banner = banner
         self.lines: deque[str] = deque(maxlen=200)
         self.address: str | None = None
         self._ready = threading.Event()
@@ -118,7 +129,7 @@ class ServiceProcess:
             self.lines.append(line)
             if self.echo:
                 print(f"[{self.name}] {line}", file=sys.stderr, flush=True)
-            match = BANNER.search(line)
+            match = self.banner.search(line)
             if match and self.address is None:
                 self.address = f"{match.group(1)}:{match.group(2)}"
                 self._ready.set()
@@ -128,10 +139,10 @@ class ServiceProcess:
         deadline = time.monotonic() + timeout
         while not self._ready.wait(0.1):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} did not start within {timeout:g}s{self._tail()}")
+                raise RuntimeError(f"{self.name} did not start within {timeout:g}s{self.tail()}")
         if self.address is None:
             raise RuntimeError(
-                f"{self.name} exited with code {self.proc.poll()} before serving{self._tail()}"
+                f"{self.name} exited with code {self.proc.poll()} before serving{self.tail()}"
             )
         return self.address
 
@@ -141,9 +152,9 @@ class ServiceProcess:
         argv = list(self.argv)
         if self.address is not None and "--port" in argv:
             argv[argv.index("--port") + 1] = self.address.rsplit(":", 1)[1]
-        return ServiceProcess(self.name, argv, self.echo, self.env)
+        return ServiceProcess(self.name, argv, self.echo, self.env, self.banner)
 
-    def _tail(self) -> str:
+    def tail(self) -> str:
         return "; its last output:\n  " + "\n  ".join(list(self.lines)[-15:])
 
     def stop(self, grace: float = 10.0) -> None:
@@ -184,89 +195,128 @@ class Stack:
         self.echo = echo
         self.timeout = timeout
         self.processes: list[ServiceProcess] = []
-        self.address = ""
+        self.address = ""  # the first replica's coordinator
+        self.addresses: list[str] = []  # every replica's coordinator
         self.baseline_address = ""  # target-only coordinator, when config.with_baseline
-        self.target_address = ""
+        self.target_address = ""  # the first replica's target
+        self.target_addresses: list[str] = []
         self.draft_address = ""
+        self.gateway_url = ""  # http://HOST:PORT/v1 when config.gateway_port
         # Only this stack's coordinators may call its model services: a fresh secret per
         # start, passed through the environment (never the command line).
         self.internal_token = secrets.token_urlsafe(32)
 
-    def _spawn_model(self, name: str, model: str, port: int) -> ServiceProcess:
+    def _spawn_model(self, service: str, name: str, model: str, port: int) -> ServiceProcess:
+        """The ``service`` ("target" or "draft") as a process named ``name``."""
         c = self.config
+        threads = c.target_num_threads if service == "target" else c.draft_num_threads
         argv = [
-            sys.executable, "-m", f"{name}_service", "--model", model, "--host", c.host,
+            sys.executable, "-m", f"{service}_service", "--model", model, "--host", c.host,
             "--port", str(port), "--kv-cache-dtype", c.kv_cache_dtype, "--dtype", c.dtype,
-            "--num-threads", str(c.target_num_threads if name == "target" else c.draft_num_threads),
+            "--num-threads", str(threads),
         ]  # fmt: skip
         if c.tls_ca:  # mutual TLS on the internal hops
             argv += ["--tls-cert", c.tls_cert, "--tls-key", c.tls_key, "--tls-ca", c.tls_ca]
-        return self._spawn(name, argv)
+        return self.spawn(name, argv)
 
     def start(self) -> Stack:
         c = self.config
+        if c.replicas < 1:
+            raise RuntimeError(f"--replicas must be >= 1, got {c.replicas}")
         for path in (c.target_model, *(() if c.no_draft else (c.draft_model,))):
             if not (Path(path) / "config.json").is_file():
                 raise RuntimeError(f"{path} is not a Hugging Face model folder (no config.json)")
         try:
-            target = self._spawn_model("target", c.target_model, c.target_port)
-            draft = None if c.no_draft else self._spawn_model("draft", c.draft_model, c.draft_port)
-            self.target_address = target.wait_ready(self.timeout)
+            targets = [
+                self._spawn_model(
+                    "target",
+                    self._replica("target", i),
+                    c.target_model,
+                    c.target_port if i == 0 else 0,
+                )
+                for i in range(c.replicas)
+            ]
+            draft = (
+                None
+                if c.no_draft
+                else self._spawn_model("draft", "draft", c.draft_model, c.draft_port)
+            )
+            self.target_addresses = [t.wait_ready(self.timeout) for t in targets]
+            self.target_address = self.target_addresses[0]
             self.draft_address = draft.wait_ready(self.timeout) if draft else ""
-            self.address = self._spawn_coordinator(
-                "coordinator", c.port, self.draft_address, c.metrics_port
-            ).wait_ready(self.timeout)
+            coordinators = [
+                self._spawn_coordinator(
+                    self._replica("coordinator", i),
+                    c.port if i == 0 else 0,
+                    self.target_addresses[i],
+                    self.draft_address,
+                    c.metrics_port if i == 0 else 0,
+                )
+                for i in range(c.replicas)
+            ]
+            self.addresses = [p.wait_ready(self.timeout) for p in coordinators]
+            self.address = self.addresses[0]
             if c.with_baseline:
                 self.baseline_address = self._spawn_coordinator(
-                    "baseline-coordinator", 0, "", 0
+                    "baseline-coordinator", 0, self.target_address, "", 0
                 ).wait_ready(self.timeout)
             tls = TLSFiles(c.tls_cert, c.tls_key, c.tls_ca)
             internal = tls.channel_credentials() if tls.ca else None
-            for address in filter(None, (self.target_address, self.draft_address)):
+            for address in filter(None, (*self.target_addresses, self.draft_address)):
                 wait_serving(address, self.timeout, internal)
             public = None
             if tls.serves_tls:
                 with open(tls.ca or tls.cert, "rb") as f:
                     public = grpc.ssl_channel_credentials(root_certificates=f.read())
-            for address in filter(None, (self.address, self.baseline_address)):
+            for address in filter(None, (*self.addresses, self.baseline_address)):
                 wait_serving(address, self.timeout, public)
+            if c.gateway_port:
+                self.gateway_url = start_gateway(self, c.gateway_port)
         except BaseException:
             self.stop()
             raise
         return self
 
+    def _replica(self, name: str, index: int) -> str:
+        """A process's name: "target", or "target-1" when there are replicas."""
+        return name if self.config.replicas == 1 else f"{name}-{index}"
+
     def _spawn_coordinator(
-        self, name: str, port: int, draft_address: str, metrics_port: int
+        self, name: str, port: int, target_address: str, draft_address: str, metrics_port: int
     ) -> ServiceProcess:
+        """A coordinator named ``name``: the name is also its identity on the model services,
+        so after a restart it releases what it held before."""
         c = self.config
         argv = [
             sys.executable, "-m", "coordinator", "--host", c.host, "--port", str(port),
-            "--target", self.target_address, "--draft", draft_address,
+            "--target", target_address, "--draft", draft_address, "--coordinator-id", name,
             "--tokenizer", c.target_model, "--speculative-config", c.speculative_config,
             "--max-num-batched-tokens", str(c.max_num_batched_tokens),
             "--max-num-seqs", str(c.max_num_seqs), "--max-queue-len", str(c.max_queue_len),
             "--metrics-port", str(metrics_port),
+            *(["--served-model-name", c.served_model_name] if c.served_model_name else []),
             *(["--draft-rebuild-every-step"] if c.draft_rebuild_every_step else []),
             *(["--tls-cert", c.tls_cert, "--tls-key", c.tls_key] if c.tls_cert else []),
             *(["--tls-ca", c.tls_ca] if c.tls_ca else []),
         ]  # fmt: skip
-        return self._spawn(name, argv)
+        return self.spawn(name, argv)
 
     @property
     def internal_metadata(self) -> tuple[tuple[str, str], ...]:
         """Call metadata that lets a tool (a benchmark, a test) call the model services."""
         return (bearer(self.internal_token),)
 
-    def _spawn(self, name: str, argv: list[str]) -> ServiceProcess:
+    def spawn(self, name: str, argv: list[str], banner: re.Pattern = BANNER) -> ServiceProcess:
+        """Starts a child of this stack (stopped with it, restarted by the supervisor)."""
         env = {INTERNAL_TOKEN_ENV: self.internal_token}
         if self.config.api_key and "coordinator" in name:
             env[API_KEY_ENV] = self.config.api_key
-        process = ServiceProcess(name, argv, self.echo, env)
+        process = ServiceProcess(name, argv, self.echo, env, banner)
         self.processes.append(process)
         return process
 
     def stop(self) -> None:
-        """Coordinator first (it drains and releases), then the model services."""
+        """Gateway, then coordinators (they drain and release), then the model services."""
         for process in reversed(self.processes):
             process.stop()
         self.processes.clear()

@@ -1,7 +1,7 @@
 """The public gRPC API: Generate (streaming) and GetStats, with health and reflection.
 
 Servicers are thin: proto -> `Request` -> engine -> `RequestOutput` -> proto. Domain errors
-become status codes in `status_code()`, the one place that maps them.
+become status codes in `streaming.status_code()`, the one place that maps them.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import math
 import os
 import signal
 import time
@@ -20,7 +19,6 @@ import grpc
 from google.protobuf import json_format
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from opentelemetry import trace
 from tokenizers import Tokenizer
 
 from auth import (
@@ -32,21 +30,18 @@ from auth import (
     bearer,
 )
 from auth.tls import TLSFiles
+from coordinator.admission import checked_request
 from coordinator.chat import ChatTemplate
 from coordinator.config import CoordinatorConfig
 from coordinator.detokenizer import IncrementalDetokenizer, load_tokenizer
 from coordinator.engine import Engine, ModelLimits
-from coordinator.errors import (
-    InvalidRequest,
-    NotReady,
-    QueueFull,
-    ServiceError,
-    SpecDecError,
-)
+from coordinator.errors import InvalidRequest, SpecDecError
 from coordinator.metrics import Metrics, create_metrics, serve_metrics
-from coordinator.request import MIN_SAMPLING_TEMPERATURE, Request, SamplingParams
+from coordinator.request import Request
 from coordinator.stats import SpecStats
+from coordinator.streaming import run_request, status_code
 from coordinator.undecodable import UndecodableRequestInterceptor
+from coordinator.vllm_worker import ServedModel, VllmEngineServicer, add_to_server
 from protos.specdec.v1 import (
     common_pb2,
     coordinator_pb2,
@@ -54,10 +49,9 @@ from protos.specdec.v1 import (
     draft_pb2_grpc,
     target_pb2_grpc,
 )
-from telemetry.tracing import configure_tracing, context_from_metadata, shutdown_tracing
+from telemetry.tracing import configure_tracing, shutdown_tracing
 
 logger = logging.getLogger(__name__)
-tracer = trace.get_tracer("specdec.coordinator")
 
 SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name
 # Sampled draft probs are K * vocab float32 per request; gRPC's 4 MiB default is too small.
@@ -65,22 +59,6 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 512 * 1024 * 1024),
     ("grpc.max_receive_message_length", 512 * 1024 * 1024),
 ]
-
-_STATUS_BY_ERROR: dict[type[SpecDecError], grpc.StatusCode] = {
-    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
-    QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    NotReady: grpc.StatusCode.UNAVAILABLE,
-}
-
-
-def status_code(error: BaseException) -> grpc.StatusCode:
-    """The gRPC status for a domain error (a failed service call keeps its own code)."""
-    if isinstance(error, ServiceError):
-        return getattr(grpc.StatusCode, error.code, grpc.StatusCode.INTERNAL)
-    for cls in type(error).__mro__:
-        if cls in _STATUS_BY_ERROR:
-            return _STATUS_BY_ERROR[cls]
-    return grpc.StatusCode.INTERNAL
 
 
 def stats_pb(stats: SpecStats) -> coordinator_pb2.SpecDecodeStats:
@@ -134,45 +112,18 @@ def build_request(
     chat_template: ChatTemplate | None = None,
 ) -> Request:
     """Validates a GenerateRequest and turns it into a `Request`; raises InvalidRequest."""
-    prompt_ids = prompt_ids_of(message, tokenizer, chat_template)
-    if not prompt_ids:
-        raise InvalidRequest("empty prompt")
-    too_big = next((t for t in prompt_ids if t >= limits.vocab_size), None)
-    if too_big is not None:
-        raise InvalidRequest(f"token id {too_big} is out of range (vocab size {limits.vocab_size})")
     s = message.sampling
-    if not math.isfinite(s.temperature) or s.temperature < 0:
-        raise InvalidRequest(
-            f"temperature must be a finite number >= 0 (0 = greedy), got {s.temperature}"
-        )
-    top_p = s.top_p if s.top_p != 0 else 1.0  # proto3 default 0 means unset
-    if math.isnan(top_p) or not 0 < top_p <= 1:
-        raise InvalidRequest(f"top_p must be in (0, 1], got {s.top_p}")
-    num_prompt = len(prompt_ids)
-    room = limits.max_model_len - num_prompt
-    if room < 1:
-        raise InvalidRequest(
-            f"prompt has {num_prompt} tokens; max_model_len is {limits.max_model_len}"
-        )
-    max_tokens = message.max_tokens or room
-    if max_tokens > room:
-        raise InvalidRequest(
-            f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) exceeds max_model_len "
-            f"({limits.max_model_len}); lower max_tokens to at most {room}"
-        )
     has_cap = message.HasField("num_speculative_tokens")
-    return Request(
-        request_id=message.request_id or uuid.uuid4().hex,
-        prompt_ids=prompt_ids,
-        sampling=SamplingParams(
-            # As in vLLM, temperatures too small to divide logits by safely are greedy.
-            temperature=s.temperature if s.temperature >= MIN_SAMPLING_TEMPERATURE else 0.0,
-            top_p=top_p,
-            top_k=s.top_k,
-            seed=s.seed if s.HasField("seed") else None,
-        ),
-        max_tokens=max_tokens,
-        stop_token_ids=frozenset(message.stop_token_ids),
+    return checked_request(
+        message.request_id or uuid.uuid4().hex,
+        prompt_ids_of(message, tokenizer, chat_template),
+        limits,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        seed=s.seed if s.HasField("seed") else None,
+        max_tokens=message.max_tokens,
+        stop_token_ids=message.stop_token_ids,
         ignore_eos=message.ignore_eos,
         k_cap=message.num_speculative_tokens if has_cap else None,
     )
@@ -194,51 +145,25 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> AsyncIterator[coordinator_pb2.GenerateResponse]:
         try:
             req = build_request(request, self.tokenizer, self.engine.limits, self.chat_template)
-            self.engine.add_request(req)
         except SpecDecError as e:
             await context.abort(status_code(e), str(e))
-        span = tracer.start_span(
-            "specdec.request",
-            context=context_from_metadata(context.invocation_metadata()),
-            attributes={
-                "specdec.request_id": req.request_id,
-                "specdec.num_prompt_tokens": req.num_prompt_tokens,
-                "specdec.max_tokens": req.max_tokens,
-            },
-        )
-        req.span_context = span.get_span_context()
         detokenizer = IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None
-        try:
-            while True:
-                out = await req.outputs.get()
-                if out.error is not None:
-                    span.set_status(trace.Status(trace.StatusCode.ERROR, str(out.error)))
-                    await context.abort(status_code(out.error), str(out.error))
-                text = ""
-                if detokenizer is not None:
-                    # A stop token ends the text but stays in token_ids.
-                    ids = out.token_ids[:-1] if out.finish_reason == "stop" else out.token_ids
-                    text = detokenizer.update(ids, final=out.finished)
-                response = coordinator_pb2.GenerateResponse(
-                    request_id=req.request_id,
-                    token_ids=out.token_ids,
-                    text=text,
-                    num_prompt_tokens=req.num_prompt_tokens,
-                )
-                if out.finished:
-                    response.finish_reason = out.finish_reason or ""
-                    response.stats.CopyFrom(stats_pb(req.stats))
-                yield response
-                if out.finished:
-                    break
-        finally:
-            # No-op when finished; on cancellation or deadline, frees its KV on both sides.
-            self.engine.abort(req.request_id)
-            span.set_attribute("specdec.num_output_tokens", req.num_output_tokens)
-            span.set_attribute("specdec.accepted", req.stats.num_accepted_tokens)
-            span.set_attribute("specdec.drafted", req.stats.num_draft_tokens)
-            span.set_attribute("specdec.finish_reason", req.finish_reason or req.status.value)
-            span.end()
+        async for out in run_request(self.engine, req, context):
+            text = ""
+            if detokenizer is not None:
+                # A stop token ends the text but stays in token_ids.
+                ids = out.token_ids[:-1] if out.finish_reason == "stop" else out.token_ids
+                text = detokenizer.update(ids, final=out.finished)
+            response = coordinator_pb2.GenerateResponse(
+                request_id=req.request_id,
+                token_ids=out.token_ids,
+                text=text,
+                num_prompt_tokens=req.num_prompt_tokens,
+            )
+            if out.finished:
+                response.finish_reason = out.finish_reason or ""
+                response.stats.CopyFrom(stats_pb(req.stats))
+            yield response
 
     async def GetStats(
         self, request: coordinator_pb2.StatsRequest, context: grpc.aio.ServicerContext
@@ -343,6 +268,18 @@ def model_limits(
     )
 
 
+def add_vllm_worker(server, engine, tokenizer, config, target, target_info) -> str:
+    """Serves ``vllm.grpc.engine.VllmEngine`` (what the SGLang Model Gateway speaks to its
+    workers) on ``server``; returns its service name."""
+    name = config.served_model_name or os.path.basename(target_info.model.rstrip("/"))
+    model = ServedModel.from_folder(name, config.tokenizer)
+
+    async def target_pages() -> common_pb2.ModelInfo:
+        return await target.GetInfo(common_pb2.InfoRequest(), timeout=1.0)
+
+    return add_to_server(VllmEngineServicer(engine, tokenizer, model, target_pages), server)
+
+
 async def _none() -> None:
     return None
 
@@ -353,6 +290,12 @@ def public_message_limits(limits: ModelLimits) -> list[tuple[str, int]]:
     messages, a response one step's tokens and text. Larger is RESOURCE_EXHAUSTED."""
     size = 1024 * 1024 + 64 * limits.max_model_len
     return [("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size)]
+
+
+async def release_all_of_caller(stub) -> None:
+    reply = await stub.Release(common_pb2.ReleaseRequest(all_of_caller=True), timeout=10.0)
+    if reply.num_released:
+        logger.info("released %d sequences held before this start", reply.num_released)
 
 
 async def _get_info(stub, name: str, address: str, timeout: float) -> common_pb2.ModelInfo:
@@ -373,7 +316,8 @@ async def create_server(
     # Every hop names this coordinator (the services keep each sequence for the one that
     # opened it) and, under `specdec up`, carries the stack's internal token.
     token = os.environ.get(INTERNAL_TOKEN_ENV, "")
-    identity = ((OWNER_KEY, uuid.uuid4().hex),) + ((bearer(token),) if token else ())
+    owner = config.coordinator_id or uuid.uuid4().hex
+    identity = ((OWNER_KEY, owner),) + ((bearer(token),) if token else ())
     internal = [CallMetadataInterceptor(identity)]
 
     tls = TLSFiles(config.tls_cert, config.tls_key, config.tls_ca)
@@ -397,6 +341,8 @@ async def create_server(
             _get_info(draft, "draft", config.draft, config.connect_timeout) if draft else _none(),
         )
         limits = model_limits(config, draft_info, target_info)
+        if config.coordinator_id:  # a restart under the same name: free what it held before
+            await asyncio.gather(*(release_all_of_caller(stub) for stub in (target, draft) if stub))
         tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
         chat_template = ChatTemplate.from_pretrained(config.tokenizer) if config.tokenizer else None
     except BaseException:
@@ -426,11 +372,11 @@ async def create_server(
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
         CoordinatorServicer(engine, tokenizer, chat_template), server
     )
+    services = [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME]
+    services.append(add_vllm_worker(server, engine, tokenizer, config, target, target_info))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    reflection.enable_server_reflection(services, server)
     address = f"{config.host}:{config.port}"
     if tls.serves_tls:
         port = server.add_secure_port(address, tls.server_credentials(require_client_cert=False))

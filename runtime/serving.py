@@ -301,6 +301,8 @@ class ModelServicer(ABC):
     ) -> common_pb2.ReleaseResponse:
         """Releases the caller's sequences; ids another coordinator holds are ignored."""
         mine = [rid for rid in request.request_ids if self._owners.get(rid, owner) == owner]
+        if request.all_of_caller:
+            mine = list(dict.fromkeys(mine + [r for r, o in self._owners.items() if o == owner]))
         for rid in mine:
             self._last_touched.pop(rid, None)
             self._owners.pop(rid, None)

@@ -8,7 +8,8 @@ One reproducible recipe (fixed seeds; config, package versions and timings logge
    (``{"prompts": [user turn, ...]}``, what ``coordinator.launcher.held_out_prompts`` reads).
 2. Teacher data (``draft_teacher``): the target's greedy and sampled answers, with its
    top-k next-token log-probs at every prompt and answer position, generated in batches
-   until the generation budget is spent; cached under ``--data-dir`` (git-ignored).
+   until the generation budget is spent; cached under ``--data-dir`` (git-ignored); a
+   later run resumes after the cached answers.
 3. Output head over a frequency-ranked vocabulary subset (FR-Spec): the ``--head-size``
    ids most frequent in the target's answers (then in the prompts, then by BPE rank).
 4. Draft: Llama with the target's widths; the target's embedding (shared and frozen) and
@@ -89,21 +90,24 @@ def encode_prompts(tokenizer, prompts: list[str], max_tokens: int) -> list[list[
 
 
 def teacher_data(recipe: Recipe, prompts: list[list[int]], path: Path) -> list[TeacherSequence]:
-    """Generate (or reuse ``path``) the target's answers until ``gen_minutes`` is spent."""
-    if path.is_file():
-        log(f"reusing teacher data {path}")
-        return torch.load(path, weights_only=False)
+    """The target's answers to ``prompts`` in order, generated until ``gen_minutes`` is spent.
+
+    Cached in ``path`` after every batch; a later run resumes after the cached answers with
+    a fresh budget, so the data is the same as one run with the summed budget."""
+    data: list[TeacherSequence] = torch.load(path, weights_only=False) if path.is_file() else []
+    if data:
+        log(f"resuming teacher data {path}: {len(data)} answers cached")
+    path.parent.mkdir(parents=True, exist_ok=True)
     runner = ModelRunner.from_pretrained(
         MODEL_DIR,
         max_model_len=recipe.max_prompt_tokens + recipe.max_new_tokens + 1,
         num_pages=recipe.gen_batch * 14,
     )
-    gen = torch.Generator().manual_seed(recipe.seed + 1)
-    data: list[TeacherSequence] = []
+    gen = torch.Generator().manual_seed(recipe.seed + 1 + len(data))
     t0 = time.time()
     budget = recipe.gen_minutes * 60
     batch_seconds = 0.0
-    for start in range(0, len(prompts), recipe.gen_batch):
+    for start in range(len(data), len(prompts), recipe.gen_batch):
         if time.time() - t0 + batch_seconds > budget:
             break
         t_batch = time.time()
@@ -112,14 +116,13 @@ def teacher_data(recipe: Recipe, prompts: list[list[int]], path: Path) -> list[T
         data += generate(
             runner, batch, sampled, recipe.max_new_tokens, recipe.temperature, recipe.top_k, gen
         )
+        torch.save(data, path)
         batch_seconds = time.time() - t_batch
         answers = sum(s.num_answer_tokens for s in data)
         log(
             f"teacher: {len(data)} answers, {answers} answer tokens, "
             f"{sum(len(s.token_ids) for s in data)} tokens ({batch_seconds:.0f} s this batch)"
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(data, path)
     return data
 
 

@@ -298,3 +298,15 @@ def test_a_sequence_belongs_to_the_coordinator_that_opened_it(target):
     assert not own.error_code and own.num_cached_tokens == len(PROMPT) + 1
     stub.Release(common_pb2.ReleaseRequest(request_ids=["r1"]), metadata=a)
     assert not server.runner.has("r1")
+
+
+def test_release_all_of_caller_frees_only_that_coordinators_sequences(target):
+    server, stub = target
+    a, b = (("x-specdec-coordinator", "a"),), (("x-specdec-coordinator", "b"),)
+    for rid, owner in (("a1", a), ("a2", a), ("b1", b)):
+        stub.Verify(target_pb2.VerifyRequest(prefill=[chunk(rid, 0, PROMPT, True)]), metadata=owner)
+    reply = stub.Release(common_pb2.ReleaseRequest(all_of_caller=True), metadata=a)
+    assert reply.num_released == 2
+    assert not server.runner.has("a1") and not server.runner.has("a2")
+    assert server.runner.has("b1")
+    stub.Release(common_pb2.ReleaseRequest(request_ids=["b1"]), metadata=b)

@@ -69,10 +69,12 @@ class ModelInfo(_message.Message):
     def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., num_free_pages: _Optional[int] = ..., num_total_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., kv_scales: _Optional[_Union[KVScaleTable, _Mapping]] = ..., num_layers: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_ingest_plans: _Optional[int] = ..., num_ingested_tokens: _Optional[int] = ..., num_sequences: _Optional[int] = ..., forward_seconds: _Optional[float] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("request_ids",)
+    __slots__ = ("request_ids", "all_of_caller")
     REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    ALL_OF_CALLER_FIELD_NUMBER: _ClassVar[int]
     request_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    all_of_caller: bool
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ..., all_of_caller: bool = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ("num_released", "num_free_pages")

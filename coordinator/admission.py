@@ -1,0 +1,70 @@
+"""The checks every public API makes before a request enters the engine."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from coordinator.engine import ModelLimits
+from coordinator.errors import InvalidRequest
+from coordinator.request import MIN_SAMPLING_TEMPERATURE, Request, SamplingParams
+
+
+def checked_request(
+    request_id: str,
+    prompt_ids: list[int],
+    limits: ModelLimits,
+    *,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    seed: int | None,
+    max_tokens: int | None,
+    stop_token_ids: Iterable[int] = (),
+    ignore_eos: bool = False,
+    k_cap: int | None = None,
+) -> Request:
+    """A `Request`, or InvalidRequest saying which value is wrong and what would fit.
+
+    ``top_p`` 0 and ``max_tokens`` None or 0 mean unset (the rest of the context)."""
+    if not prompt_ids:
+        raise InvalidRequest("empty prompt")
+    too_big = next((t for t in prompt_ids if t >= limits.vocab_size), None)
+    if too_big is not None:
+        raise InvalidRequest(f"token id {too_big} is out of range (vocab size {limits.vocab_size})")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise InvalidRequest(
+            f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}"
+        )
+    top_p = top_p if top_p != 0 else 1.0
+    if math.isnan(top_p) or not 0 < top_p <= 1:
+        raise InvalidRequest(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise InvalidRequest(f"top_k must be >= 0 (0 = off), got {top_k}")
+    num_prompt = len(prompt_ids)
+    room = limits.max_model_len - num_prompt
+    if room < 1:
+        raise InvalidRequest(
+            f"prompt has {num_prompt} tokens; max_model_len is {limits.max_model_len}"
+        )
+    max_tokens = max_tokens or room
+    if max_tokens > room:
+        raise InvalidRequest(
+            f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) exceeds max_model_len "
+            f"({limits.max_model_len}); lower max_tokens to at most {room}"
+        )
+    return Request(
+        request_id=request_id,
+        prompt_ids=prompt_ids,
+        sampling=SamplingParams(
+            # As in vLLM, temperatures too small to divide logits by safely are greedy.
+            temperature=temperature if temperature >= MIN_SAMPLING_TEMPERATURE else 0.0,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+        ),
+        max_tokens=max_tokens,
+        stop_token_ids=frozenset(stop_token_ids),
+        ignore_eos=ignore_eos,
+        k_cap=k_cap,
+    )

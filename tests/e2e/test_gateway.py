@@ -1,0 +1,199 @@
+"""The real SGLang Model Gateway (``smg``) in front of the stack: the OpenAI API with the
+stock ``openai`` client, bad requests as 4xx, disconnects as aborts, and two replicas
+sharing one draft."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import threading
+from pathlib import Path
+
+import grpc
+import openai
+import pytest
+from e2e_stack import running_stack, wait_until
+
+from coordinator.client import CoordinatorClient, GenerateParams
+from coordinator.launcher import REAL_DRAFT, REAL_TARGET, held_out_prompts
+from protos.specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
+
+pytestmark = pytest.mark.slow
+MAX_TOKENS = 12
+
+
+def free_port() -> int:
+    """A free port below Linux's ephemeral range, so no service started with port 0 (the
+    stack's targets, draft and coordinators) can take it before the gateway binds it."""
+    rng = random.Random()
+    while True:
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+
+
+def num_sequences(stub_cls, address: str, stack) -> int:
+    with grpc.insecure_channel(address) as channel:
+        info = stub_cls(channel).GetInfo(
+            common_pb2.InfoRequest(), timeout=10, metadata=stack.internal_metadata
+        )
+    return info.num_sequences
+
+
+@pytest.fixture(scope="module")
+def real_stack():
+    if not (Path(REAL_TARGET, "config.json").is_file() and Path(REAL_DRAFT).is_dir()):
+        pytest.skip("the real pair is not here: run scripts/fetch_models.py")
+    with running_stack(
+        target_model=str(REAL_TARGET),
+        draft_model=str(REAL_DRAFT),
+        gateway_port=free_port(),
+        served_model_name="smollm2",
+    ) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def client(real_stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=real_stack.gateway_url, api_key="unused", max_retries=0)
+
+
+def test_completions_equal_direct_generate(real_stack, client):
+    prompt = "The three primary colours are"
+    params = GenerateParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    with CoordinatorClient(real_stack.address) as direct:
+        expected = direct.generate(prompt, params).text
+    reply = client.completions.create(
+        model="smollm2", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
+    )
+    assert reply.choices[0].text == expected
+    assert reply.usage.completion_tokens == MAX_TOKENS
+    # Acceptance reaches the client as the usage's prediction-token counts.
+    details = reply.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens > 0
+    stream = client.completions.create(
+        model="smollm2", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].text for c in stream if c.choices) == expected
+
+
+def test_chat_completions_use_the_chat_template(real_stack, client):
+    chat = held_out_prompts(str(REAL_TARGET), 1)[0]
+    with CoordinatorClient(real_stack.address) as direct:
+        expected = direct.generate(chat, GenerateParams(max_tokens=MAX_TOKENS)).text
+    reply = client.chat.completions.create(
+        model="smollm2", messages=chat, max_tokens=MAX_TOKENS, temperature=0
+    )
+    assert reply.choices[0].message.content == expected
+    stream = client.chat.completions.create(
+        model="smollm2", messages=chat, max_tokens=MAX_TOKENS, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected
+
+
+def test_stop_string_ends_the_request_in_the_worker(real_stack, client):
+    prompt = "Count: one, two, three, four, five,"
+    full = client.completions.create(
+        model="smollm2", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
+    )
+    text = full.choices[0].text
+    stop = text.strip().split()[1]  # the second word of the greedy continuation
+    reply = client.completions.create(
+        model="smollm2", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stop=[stop]
+    )
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].text == text[: text.index(stop)]
+    assert reply.usage.completion_tokens < MAX_TOKENS  # the worker stopped, not just the text
+
+
+def test_disconnect_mid_stream_aborts_and_frees_kv(real_stack, client):
+    stream = client.completions.create(
+        model="smollm2", prompt="Write a long story.", max_tokens=400, temperature=0,
+        stream=True, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    next(iter(stream))
+    assert num_sequences(target_pb2_grpc.TargetServiceStub, real_stack.target_address, real_stack)
+    stream.close()
+    for stub_cls, address in (
+        (target_pb2_grpc.TargetServiceStub, real_stack.target_address),
+        (draft_pb2_grpc.DraftServiceStub, real_stack.draft_address),
+    ):
+        assert wait_until(lambda s=stub_cls, a=address: num_sequences(s, a, real_stack) == 0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"n": 2}, "n"),
+        ({"model": "no-such-model"}, "model"),
+        ({"prompt": "word " * 20000}, "context length"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"logprobs": 2}, "logprobs"),
+        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+    ],
+)
+def test_bad_requests_are_4xx_with_a_message(real_stack, client, kwargs, words):
+    args = {"model": "smollm2", "prompt": "Hello", "max_tokens": 4, **kwargs}
+    with pytest.raises(openai.APIStatusError) as error:
+        client.completions.create(**args)
+    assert 400 <= error.value.status_code < 500
+    assert words in str(error.value)
+    ok = client.completions.create(model="smollm2", prompt="Hello", max_tokens=2)
+    assert ok.usage.completion_tokens == 2
+
+
+def test_two_replicas_share_one_draft(prompt_ids, tokenizer):
+    with running_stack(replicas=2, gateway_port=free_port()) as stack:
+        client = openai.OpenAI(base_url=stack.gateway_url, api_key="unused", max_retries=0)
+        prompts = [tokenizer.decode(ids) for ids in prompt_ids[:8]]
+        params = GenerateParams(max_tokens=24, ignore_eos=True, num_speculative_tokens=0)
+        with CoordinatorClient(stack.address) as direct:
+            # K = 0 is target-only decoding on the same target weights.
+            expected = [direct.generate(p, params).text for p in prompts]
+        outputs: list[str | None] = [None] * len(prompts)
+
+        def ask(i: int) -> None:
+            reply = client.completions.create(
+                model="target", prompt=prompts[i], max_tokens=24, temperature=0,
+                extra_body={"ignore_eos": True},
+            )  # fmt: skip
+            outputs[i] = reply.choices[0].text
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert outputs == expected
+        steps = []
+        for address in stack.addresses:
+            with CoordinatorClient(address) as c:
+                steps.append(c.totals().num_drafts)
+        assert all(n > 0 for n in steps), f"drafted steps per replica: {steps}"
+
+        # A request in flight on replica 1 when its coordinator dies: the draft keeps its
+        # sequence until that coordinator comes back under the same name.
+        victim = next(p for p in stack.processes if p.name == "coordinator-1")
+        with CoordinatorClient(stack.addresses[1]) as c:
+            long = c.stream(prompts[0], GenerateParams(max_tokens=1000, ignore_eos=True))
+            next(long)
+            os.kill(victim.proc.pid, signal.SIGKILL)
+            victim.proc.wait()
+        draft = (draft_pb2_grpc.DraftServiceStub, stack.draft_address, stack)
+        assert num_sequences(*draft) == 1
+        for i in range(3):  # the gateway routes around the dead replica
+            ask(i)
+            assert outputs[i] == expected[i]
+        revived = victim.respawned()
+        stack.processes[stack.processes.index(victim)] = revived
+        revived.wait_ready(120)
+        assert wait_until(lambda: num_sequences(*draft) == 0)
+        with CoordinatorClient(stack.addresses[1]) as c:
+            assert c.generate(prompts[1], params).text == expected[1]
