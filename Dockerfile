@@ -6,6 +6,7 @@
 #
 #   docker build --target model -t specdec/model .
 #   docker build --target coordinator -t specdec/coordinator .
+#   docker build --target gateway -t specdec/gateway .
 #
 # GPU build of the model image (FlashInfer attention over the FP8 KV cache):
 #   docker build --target model -t specdec/model:gpu \
@@ -59,6 +60,17 @@ EXPOSE 50050 9090
 CMD ["python", "-m", "coordinator", "--host", "0.0.0.0", "--port", "50050", \
      "--target", "target:50052", "--draft", "draft:50051", "--tokenizer", "models/target", \
      "--metrics-port", "9090"]
+
+# ---- gateway: the SGLang Model Gateway (the OpenAI API in front of the coordinators) -------
+FROM base AS gateway
+COPY pyproject.toml ./
+# The version bound of the [gateway] extra, from pyproject.toml.
+RUN python -c 'import tomllib; extra = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["gateway"]; print("\n".join(extra))' > requirements.txt \
+    && pip install -r requirements.txt
+USER specdec
+EXPOSE 8000 29000
+CMD ["smg", "launch", "--backend", "vllm", "--worker-urls", "grpc://coordinator:50050", \
+     "--host", "0.0.0.0", "--port", "8000"]
 
 # ---- model: torch + the whole project + the bundled checkpoints ---------------------------
 # Last stage, so a plain `docker build .` gives the image that can run everything.

@@ -21,6 +21,7 @@ import grpc
 import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from smg.router_args import RouterArgs
 
 from coordinator.config import CoordinatorConfig, SpeculativeConfig
 from runtime.serving import ServiceConfig
@@ -130,7 +131,9 @@ def test_service_exports_traces_to_the_jaeger_otlp_port(services, name):
 def test_compose_build_targets_are_dockerfile_stages(services):
     stages = re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", (ROOT / "Dockerfile").read_text(), re.M)
     targets = {name: s["build"]["target"] for name, s in services.items() if "build" in s}
-    assert targets == {"target": "model", "draft": "model", "coordinator": "coordinator"}
+    assert targets == {
+        "target": "model", "draft": "model", "coordinator": "coordinator", "gateway": "gateway"
+    }  # fmt: skip
     assert set(targets.values()) <= set(stages)
 
 
@@ -189,3 +192,34 @@ def test_services_require_the_internal_token_and_only_the_coordinator_publishes(
         "${SPECDEC_INTERNAL_TOKEN:?"
     )
     assert ("ports" in services[name]) == (name == "coordinator")
+
+
+def gateway_args(service: dict) -> RouterArgs:
+    command = [str(arg) for arg in service["command"]]
+    assert command[:2] == ["smg", "launch"]
+    parser = argparse.ArgumentParser()
+    RouterArgs.add_cli_args(parser)
+    return RouterArgs.from_cli_args(parser.parse_args(command[2:]))
+
+
+def test_gateway_serves_the_openai_api_over_the_coordinator(services):
+    gateway = services["gateway"]
+    args = gateway_args(gateway)
+    coordinator = coordinator_config(services["coordinator"])
+    assert args.backend == "vllm"
+    assert args.worker_urls == [f"grpc://coordinator:{coordinator.port}"]
+    assert f"{args.port}:{args.port}" in gateway["ports"]
+    assert gateway["depends_on"]["coordinator"]["condition"] == "service_healthy"
+
+
+def test_prometheus_scrapes_the_coordinator_and_the_gateway(services):
+    prometheus = services["prometheus"]
+    config_file = prometheus["volumes"][0].split(":")[0]
+    config = yaml.safe_load((ROOT / config_file).read_text())
+    targets = {t for job in config["scrape_configs"] for s in job["static_configs"]
+               for t in s["targets"]}  # fmt: skip
+    coordinator = coordinator_config(services["coordinator"])
+    assert targets == {
+        f"coordinator:{coordinator.metrics_port}",
+        f"gateway:{gateway_args(services['gateway']).prometheus_port}",
+    }
