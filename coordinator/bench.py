@@ -21,8 +21,10 @@ from pathlib import Path
 
 import grpc
 
+from coordinator.bench_gateway import measure_gateway
 from coordinator.client import CoordinatorClient, GenerateParams, generate_concurrently
 from coordinator.config import SpeculativeConfig
+from coordinator.gateway import free_port
 from coordinator.launcher import Stack, StackConfig, held_out_prompts
 from protos.specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 
@@ -97,11 +99,15 @@ def run_bench(config: StackConfig, args: argparse.Namespace) -> int:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     hf = {} if args.no_hf else hf_baselines(config, args.new_tokens)
     config = replace(config, port=0, with_baseline=True)
+    if args.gateway:
+        config = replace(config, gateway_port=config.gateway_port or free_port())
     spec = SpeculativeConfig.from_json(config.speculative_config)
     with Stack(config, echo=args.verbose) as stack:
         batch, overhead = measure(stack, spec, batch_sizes, args.new_tokens)
+        gateway = measure_gateway(stack, [1, 4], args.new_tokens) if args.gateway else None
     result = {
         "batch": batch,
+        **({"gateway": gateway} if gateway else {}),
         "hf_assisted_tok_s_bs1": hf.get("hf_assisted_tok_s_bs1"),
         "hf_target_only_tok_s_bs1": hf.get("hf_target_only_tok_s_bs1"),
         "overhead_share_bs1": None if overhead is None else round(overhead, 3),
@@ -119,4 +125,9 @@ def run_bench(config: StackConfig, args: argparse.Namespace) -> int:
         )
     for key in ("hf_target_only_tok_s_bs1", "hf_assisted_tok_s_bs1", "overhead_share_bs1"):
         print(f"{key}: {result[key]}")
+    for bs, row in (gateway or {}).items():
+        print(
+            f"through the gateway, batch {bs}: {row['gateway_tok_s']:.1f} tok/s, direct gRPC "
+            f"{row['direct_grpc_tok_s']:.1f} ({row['gateway_over_direct']:.2f}x)"
+        )
     return 0

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 import re
+import socket
 import sys
 import time
 import urllib.error
@@ -25,6 +27,20 @@ if TYPE_CHECKING:
 GATEWAY_BANNER = re.compile(r"listening\s+(\S+):(\d+)\s*$")
 # How often the gateway checks each coordinator's health (smg's default is 60 s).
 HEALTH_CHECK_INTERVAL_SECONDS = 2
+
+
+def free_port() -> int:
+    """A free port below Linux's ephemeral range (32768 and up), so no service a stack
+    starts with port 0 can take it before the process it is meant for binds it."""
+    rng = random.Random()
+    while True:
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def gateway_argv(worker_addresses: list[str], host: str, port: int, policy: str) -> list[str]:

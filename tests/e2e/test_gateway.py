@@ -5,9 +5,7 @@ sharing one draft."""
 from __future__ import annotations
 
 import os
-import random
 import signal
-import socket
 import threading
 from pathlib import Path
 
@@ -17,25 +15,12 @@ import pytest
 from e2e_stack import running_stack, wait_until
 
 from coordinator.client import CoordinatorClient, GenerateParams
+from coordinator.gateway import free_port
 from coordinator.launcher import REAL_DRAFT, REAL_TARGET, held_out_prompts
 from protos.specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 12
-
-
-def free_port() -> int:
-    """A free port below Linux's ephemeral range, so no service started with port 0 (the
-    stack's targets, draft and coordinators) can take it before the gateway binds it."""
-    rng = random.Random()
-    while True:
-        port = rng.randrange(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
 
 
 def num_sequences(stub_cls, address: str, stack) -> int:

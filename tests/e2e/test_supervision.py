@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ from e2e_stack import DRAFT, TARGET, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.client import CoordinatorClient, GenerateParams, generate_concurrently
+from coordinator.gateway import free_port
 
 SPECDEC = str(Path(sys.executable).parent / "specdec")
 PARAMS = GenerateParams(max_tokens=160, ignore_eos=True)
@@ -48,12 +48,6 @@ def health(address: str) -> int:
             return health_pb2_grpc.HealthStub(channel).Check(request, timeout=2).status
         except grpc.RpcError:
             return -1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
