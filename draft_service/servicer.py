@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 
 from draft_service.drafter import Drafter, DraftStep, DraftStepResult, IngestPlan, ProposeEntry
 from protos.specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from runtime.batcher import Batcher
 from runtime.sampling import Sampling
 from runtime.serving import (
     InvalidRequestError,
@@ -15,6 +18,8 @@ from runtime.serving import (
     status_code_for,
 )
 from telemetry.tracing import rpc_span
+
+log = logging.getLogger(__name__)
 
 
 def step_from_proto(msg: draft_pb2.DraftStepRequest, failed: dict[str, Exception]) -> DraftStep:
@@ -65,8 +70,39 @@ def result_to_proto(result: DraftStepResult) -> draft_pb2.DraftStepResponse:
     )
 
 
+def request_ids(request: draft_pb2.DraftStepRequest) -> set[str]:
+    return {p.request_id for p in (*request.ingest, *request.propose)}
+
+
+def table_key(request: draft_pb2.DraftStepRequest) -> tuple[int, bytes]:
+    """Steps with equal keys name the same KV-scale table and can run as one."""
+    table = request.kv_scales.SerializeToString() if request.HasField("kv_scales") else b""
+    return request.kv_scales_version, table
+
+
+def split_result(
+    result: DraftStepResult, request: draft_pb2.DraftStepRequest
+) -> draft_pb2.DraftStepResponse:
+    """The part of a merged step's result that answers ``request``."""
+    ids = request_ids(request)
+    return result_to_proto(
+        DraftStepResult(
+            proposals=[p for p in result.proposals if p.request_id in ids],
+            cached={rid: n for rid, n in result.cached.items() if rid in ids},
+            failed={rid: e for rid, e in result.failed.items() if rid in ids},
+        )
+    )
+
+
 class DraftServicer(ModelServicer, draft_pb2_grpc.DraftServiceServicer):
+    """Steps that arrive while the draft is busy (from the coordinators sharing it) wait
+    and then run together as one step, one batched forward (`_step_many`)."""
+
     model: Drafter
+
+    def __init__(self, model: Drafter, executor) -> None:
+        super().__init__(model, executor)
+        self._batcher = Batcher(lambda items: executor.run(self._step_many, items))
 
     async def Step(
         self, request: draft_pb2.DraftStepRequest, context: grpc.aio.ServicerContext
@@ -80,15 +116,56 @@ class DraftServicer(ModelServicer, draft_pb2_grpc.DraftServiceServicer):
                 "specdec.num_proposing": len(request.propose),
             },
         ):
-            return await self.executor.call(context, self._step, request, self.caller(context))
+            try:
+                return await self._batcher.submit((request, self.caller(context)))
+            except Exception as exc:
+                code = status_code_for(exc)
+                if code == grpc.StatusCode.INTERNAL:
+                    log.exception("unexpected error in a draft step")
+                await context.abort(code, str(exc) or type(exc).__name__)
+                raise  # unreachable: abort raises
 
     # Run on the executor thread, as ModelServicer's.
 
     def _step(self, request: draft_pb2.DraftStepRequest, owner: str) -> draft_pb2.DraftStepResponse:
         failed: dict[str, Exception] = {}
-        self.claim([p.request_id for p in (*request.ingest, *request.propose)], owner, failed)
+        self.claim(request_ids(request), owner, failed)
         step = step_from_proto(request, failed)
         return result_to_proto(self.model.step(step, failed))
+
+    def _step_many(
+        self, items: list[tuple[draft_pb2.DraftStepRequest, str]]
+    ) -> list[draft_pb2.DraftStepResponse | Exception]:
+        """Each (request, caller)'s response, or the error that refuses it whole. Requests
+        under one KV-scale table and for distinct request ids run as one step; if that step
+        is refused whole (a bad table, out of pages), each runs alone, so an error reaches
+        only its own caller."""
+        ids = [request_ids(r) for r, _ in items]
+        disjoint = len(set().union(*ids)) == sum(len(i) for i in ids)
+        if len(items) > 1 and disjoint and len({table_key(r) for r, _ in items}) == 1:
+            merged = draft_pb2.DraftStepRequest(
+                kv_scales_version=items[0][0].kv_scales_version,
+                ingest=[p for r, _ in items for p in r.ingest],
+                propose=[e for r, _ in items for e in r.propose],
+            )
+            if items[0][0].HasField("kv_scales"):
+                merged.kv_scales.CopyFrom(items[0][0].kv_scales)
+            failed: dict[str, Exception] = {}
+            for (_, owner), mine in zip(items, ids, strict=True):
+                self.claim(mine, owner, failed)
+            try:
+                result = self.model.step(step_from_proto(merged, failed), failed)
+            except Exception:
+                pass  # a whole-step refusal: find whose, below
+            else:
+                return [split_result(result, request) for request, _ in items]
+        out: list[draft_pb2.DraftStepResponse | Exception] = []
+        for request, owner in items:
+            try:
+                out.append(self._step(request, owner))
+            except Exception as exc:
+                out.append(exc)
+        return out
 
     def _info(self) -> common_pb2.ModelInfo:
         d = self.model

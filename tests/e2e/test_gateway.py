@@ -4,9 +4,11 @@ sharing one draft."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -29,6 +31,11 @@ def num_sequences(stub_cls, address: str, stack) -> int:
             common_pb2.InfoRequest(), timeout=10, metadata=stack.internal_metadata
         )
     return info.num_sequences
+
+
+def healthy_workers(gateway_url: str) -> int:
+    with urllib.request.urlopen(gateway_url.removesuffix("/v1") + "/workers") as reply:
+        return sum(1 for w in json.load(reply)["workers"] if w["is_healthy"])
 
 
 @pytest.fixture(scope="module")
@@ -180,5 +187,7 @@ def test_two_replicas_share_one_draft(prompt_ids, tokenizer):
         stack.processes[stack.processes.index(victim)] = revived
         revived.wait_ready(120)
         assert wait_until(lambda: num_sequences(*draft) == 0)
+        # The gateway routes to it again once its health check passes.
+        assert wait_until(lambda: healthy_workers(stack.gateway_url) == 2, timeout=60)
         with CoordinatorClient(stack.addresses[1]) as c:
             assert c.generate(prompts[1], params).text == expected[1]

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 from service_testing import NUM_PAGES, greedy_decode, status_of
 
+from draft_service.drafter import Drafter
 from draft_service.server import create_server
+from draft_service.servicer import DraftServicer
 from protos.specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 PROMPT = [17, 203, 5, 88, 140, 61, 9, 230, 44, 101, 12]
@@ -244,3 +246,30 @@ def test_a_changed_table_under_a_used_version_is_refused_but_replaces_an_unused_
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "request r1" in error.details() and "new version" in error.details()
     assert server.runner.kv_scales.k_scale == (0.25, 0.25)
+
+
+def test_steps_of_two_coordinators_run_as_one_and_answer_each_its_own(make_runner):
+    runner = make_runner()
+    servicer = DraftServicer(Drafter(runner), executor=None)
+    a = draft_pb2.DraftStepRequest(ingest=[ingest("a1", 0, PROMPT)], propose=[propose("a1", 3)])
+    b = draft_pb2.DraftStepRequest(ingest=[ingest("b1", 0, OTHER)], propose=[propose("b1", 2)])
+    replies = servicer._step_many([(a, "coordinator-a"), (b, "coordinator-b")])
+    assert servicer.model.num_steps == 1  # one batched step for both callers
+    assert [p.request_id for p in replies[0].proposals] == ["a1"]
+    assert list(replies[0].proposals[0].token_ids) == greedy_decode(make_runner(), PROMPT, 3)
+    assert list(replies[1].proposals[0].token_ids) == greedy_decode(make_runner(), OTHER, 2)
+    assert cached(replies[1]) == {"b1": len(OTHER)}
+    # The same request id from another coordinator: the steps run apart, and the
+    # sequence stays with the coordinator that opened it.
+    mine = draft_pb2.DraftStepRequest(propose=[propose("a1", 1)])
+    foreign = draft_pb2.DraftStepRequest(ingest=[ingest("a1", 0, OTHER)])
+    replies = servicer._step_many([(mine, "coordinator-a"), (foreign, "c")])
+    assert servicer.model.num_steps == 3
+    assert len(replies[0].proposals) == 1 and refused(replies[1])["a1"][0] == "NOT_FOUND"
+    # A step refused whole (here: a table version the draft never saw) reaches its caller
+    # alone; the other caller's step still runs.
+    bad = draft_pb2.DraftStepRequest(kv_scales_version=99, ingest=[ingest("c1", 0, OTHER)])
+    good = draft_pb2.DraftStepRequest(propose=[propose("b1", 1)])
+    replies = servicer._step_many([(bad, "c"), (good, "coordinator-b")])
+    assert isinstance(replies[0], Exception) and len(replies[1].proposals) == 1
+    assert servicer.model.num_steps == 4
