@@ -21,7 +21,7 @@ import urllib.request
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from coordinator.launcher import ServiceProcess, Stack
+    from coordinator.launcher import ServiceProcess, Stack, StackConfig
 
 # smg's start-up banner ends with "listening  HOST:PORT".
 GATEWAY_BANNER = re.compile(r"listening\s+(\S+):(\d+)\s*$")
@@ -53,13 +53,23 @@ def gateway_argv(worker_addresses: list[str], host: str, port: int, policy: str)
     ]  # fmt: skip
 
 
-def start_gateway(stack: Stack, port: int) -> str:
-    """Starts smg for ``stack``'s coordinators and returns its OpenAI base URL once every
-    coordinator is registered as a worker."""
+def check_gateway_config(config: StackConfig) -> None:
+    """Refuses, before anything starts, what the gateway cannot do."""
     if importlib.util.find_spec("smg") is None:
         raise RuntimeError(
             "--gateway-port needs the SGLang Model Gateway: pip install 'specdec[gateway]'"
         )
+    if config.api_key:
+        raise RuntimeError(
+            "--api-key with --gateway-port: smg sends no key to its gRPC workers, so the "
+            "coordinators would refuse it; run the gateway with its own --api-key in front of "
+            "coordinators on a private network instead"
+        )
+
+
+def start_gateway(stack: Stack, port: int) -> str:
+    """Starts smg for ``stack``'s coordinators and returns its OpenAI base URL once every
+    coordinator is registered as a worker."""
     c = stack.config
     argv = gateway_argv(stack.addresses, c.host, port, c.gateway_policy)
     process = stack.spawn("gateway", argv, banner=GATEWAY_BANNER)

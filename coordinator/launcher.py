@@ -28,7 +28,7 @@ from auth import API_KEY_ENV, INTERNAL_TOKEN_ENV, bearer
 from auth.tls import TLSFiles
 from coordinator.chat import ChatTemplate
 from coordinator.client import Prompt
-from coordinator.gateway import start_gateway
+from coordinator.gateway import check_gateway_config, start_gateway
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 # The real pair: SmolLM2-135M-Instruct (fetched and converted by scripts/fetch_models.py)
@@ -223,6 +223,8 @@ class Stack:
         c = self.config
         if c.replicas < 1:
             raise RuntimeError(f"--replicas must be >= 1, got {c.replicas}")
+        if c.gateway_port:
+            check_gateway_config(c)
         for path in (c.target_model, *(() if c.no_draft else (c.draft_model,))):
             if not (Path(path) / "config.json").is_file():
                 raise RuntimeError(f"{path} is not a Hugging Face model folder (no config.json)")

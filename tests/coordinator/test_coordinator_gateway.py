@@ -1,0 +1,28 @@
+"""How `specdec up` starts the gateway: smg's own CLI parses the command, and what the
+gateway cannot do is refused before anything starts."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from smg.router_args import RouterArgs
+
+from coordinator.gateway import check_gateway_config, gateway_argv
+from coordinator.launcher import StackConfig
+
+
+def test_gateway_command_parses_with_smg_and_names_every_coordinator():
+    argv = gateway_argv(["127.0.0.1:5001", "127.0.0.1:5002"], "127.0.0.1", 8000, "least_load")
+    assert argv[1:4] == ["-m", "smg", "launch"]
+    parser = argparse.ArgumentParser()
+    RouterArgs.add_cli_args(parser)
+    args = RouterArgs.from_cli_args(parser.parse_args(argv[4:]))
+    assert args.worker_urls == ["grpc://127.0.0.1:5001", "grpc://127.0.0.1:5002"]
+    assert (args.backend, args.policy, args.port) == ("vllm", "least_load", 8000)
+
+
+def test_an_api_key_with_the_gateway_is_refused_up_front():
+    check_gateway_config(StackConfig(gateway_port=8000))
+    with pytest.raises(RuntimeError, match="--api-key with --gateway-port"):
+        check_gateway_config(StackConfig(gateway_port=8000, api_key="k"))
