@@ -2,9 +2,12 @@
 
 RMSNorm, Qwen3's q/k norm with RoPE, and SiLU-and-mul are each one call where eager
 PyTorch runs three to seven ops; at decode batch sizes the per-op cost, not the
-arithmetic, is what those spend. ``linear`` multiplies a few rows by a weight packed in
-column blocks, streaming it once at close to memory bandwidth (MKL's GEMM reaches about
-half of it at 8 rows); more rows go to MKL's batched GEMM on the same packed weight.
+arithmetic, is what those spend. ``linear`` multiplies rows by a weight packed in column
+blocks, streaming it once at close to memory bandwidth (MKL's GEMM reaches about half of
+it at a few rows). It is batch-invariant: a row's result does not depend on how many rows
+come with it (MKL's does: one row alone and the same row among five differ in the last
+bits), which an FP8 KV cache needs for speculative output to equal target-only output.
+At prefill sizes it takes about 1.5x MKL's time.
 
 float32 on the CPU only: :func:`available` says whether a tensor qualifies and the kernels
 were built; callers keep their PyTorch form for everything else. Results match PyTorch's
@@ -21,9 +24,6 @@ from kernels.native import NativeBuildError, load_library
 
 MAX_HEAD_DIM = 512  # the RoPE kernel's scratch row
 LINEAR_COLS = 32  # columns per packed weight block (LINEAR_COLS in csrc/dense_ops.c)
-# Rows up to which ``linear`` runs the C kernel: at 8 rows it took 0.55-0.65x MKL's time,
-# at 16 about the same as MKL.
-LINEAR_MAX_ROWS = 16
 
 
 @functools.cache
@@ -153,13 +153,6 @@ def linear(
             raise ValueError(
                 f"residual has shape {tuple(residual.shape)}, expected {(x.shape[0], n)}"
             )
-    if x.shape[0] > LINEAR_MAX_ROWS:
-        out = torch.bmm(x.expand(blocks, -1, -1), packed).permute(1, 0, 2).reshape(-1, n)
-        if bias is not None:
-            out += bias
-        if residual is not None:
-            out += residual
-        return out
     out = torch.empty(x.shape[0], n, dtype=torch.float32)
     load_library().specdec_linear(
         x.data_ptr(), x.stride(0), packed.data_ptr(),

@@ -65,14 +65,7 @@ def pair(request, prompt_ids):
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_greedy_spec_output_equals_target_only_for_k_1_3_5(kv_cache_dtype, pair, request):
-    if kv_cache_dtype == "fp8" and pair[0] == str(REAL_TARGET):
-        # Found when this test first ran on the real pair: with an FP8 KV cache, K = 1
-        # departs from target-only decoding on one of the four prompts (token 9). Kept
-        # visible (strict: it fails once fixed) until the cause is found.
-        request.applymarker(
-            pytest.mark.xfail(strict=True, reason="FP8-KV greedy spec != target-only, SmolLM2")
-        )
+def test_greedy_spec_output_equals_target_only_for_k_1_3_5(kv_cache_dtype, pair):
     target, draft, prompts, hf_outputs = pair
     params = GenerateParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     with running_stack(
