@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.request
 
-from coordinator.client import GenerateParams, Prompt, generate_concurrently
+from coordinator.client import GenerateParams, Prompt, generate_concurrently, run_together
 from coordinator.launcher import Stack, held_out_prompts
 
 REPEATS = 3
@@ -24,27 +23,27 @@ def openai_request(model: str, prompt: Prompt, new_tokens: int) -> tuple[str, di
 
 
 def through_gateway(url: str, model: str, prompts: list[Prompt], new_tokens: int) -> float:
-    """Generated tokens/s of ``prompts`` sent at once to the gateway at ``url``."""
+    """Generated tokens/s of ``prompts`` sent at once to the gateway at ``url``; raises the
+    first failed request's error."""
     tokens = [0] * len(prompts)
-    barrier = threading.Barrier(len(prompts) + 1)
+    errors: list[BaseException] = []
 
-    def worker(i: int) -> None:
+    def worker(i: int, barrier: threading.Barrier) -> None:
         route, body = openai_request(model, prompts[i], new_tokens)
         request = urllib.request.Request(
             url + route, json.dumps(body).encode(), {"content-type": "application/json"}
         )
         barrier.wait()
-        with urllib.request.urlopen(request, timeout=600) as reply:
-            tokens[i] = json.load(reply)["usage"]["completion_tokens"]
+        try:
+            with urllib.request.urlopen(request, timeout=600) as reply:
+                tokens[i] = json.load(reply)["usage"]["completion_tokens"]
+        except (OSError, KeyError, ValueError) as e:
+            errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for t in threads:
-        t.join()
-    return sum(tokens) / (time.perf_counter() - start)
+    seconds = run_together(worker, len(prompts))
+    if errors:
+        raise errors[0]
+    return sum(tokens) / seconds
 
 
 def served_model(url: str) -> str:

@@ -146,6 +146,21 @@ class CoordinatorClient:
         self.close()
 
 
+def run_together(worker: Callable[[int, threading.Barrier], None], n: int) -> float:
+    """Runs ``worker(i, barrier)`` for i in 0..n-1 on n threads; each calls
+    ``barrier.wait()`` once it is ready to send, and the clock runs from the moment all are
+    ready until the last finishes. Returns those seconds."""
+    barrier = threading.Barrier(n + 1)
+    threads = [threading.Thread(target=worker, args=(i, barrier)) for i in range(n)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start
+
+
 def generate_concurrently(
     address: str, prompts: list, params: GenerateParams | list[GenerateParams]
 ) -> tuple[float, list[Completion]]:
@@ -156,9 +171,8 @@ def generate_concurrently(
     per_prompt = params if isinstance(params, list) else [params] * len(prompts)
     outs: list[Completion | None] = [None] * len(prompts)
     errors: list[BaseException] = []
-    barrier = threading.Barrier(len(prompts) + 1)
 
-    def worker(i: int) -> None:
+    def worker(i: int, barrier: threading.Barrier) -> None:
         with CoordinatorClient(address) as client:
             barrier.wait()
             try:
@@ -166,14 +180,7 @@ def generate_concurrently(
             except grpc.RpcError as e:
                 errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - start
+    seconds = run_together(worker, len(prompts))
     if errors:
         raise errors[0]
     return sum(len(o.token_ids) for o in outs) / seconds, outs
