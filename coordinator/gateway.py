@@ -43,11 +43,14 @@ def free_port() -> int:
             return port
 
 
-def gateway_argv(worker_addresses: list[str], host: str, port: int, policy: str) -> list[str]:
+def gateway_argv(
+    worker_addresses: list[str], host: str, port: int, policy: str, metrics_port: int
+) -> list[str]:
     return [
         sys.executable, "-m", "smg", "launch", "--backend", "vllm",
         "--worker-urls", *(f"grpc://{a}" for a in worker_addresses),
         "--host", host, "--port", str(port), "--policy", policy,
+        "--prometheus-host", host, "--prometheus-port", str(metrics_port),
         "--health-check-interval-secs", str(HEALTH_CHECK_INTERVAL_SECONDS),
         "--log-level", "warn",
     ]  # fmt: skip
@@ -71,7 +74,8 @@ def start_gateway(stack: Stack, port: int) -> str:
     """Starts smg for ``stack``'s coordinators and returns its OpenAI base URL once every
     coordinator is registered as a worker."""
     c = stack.config
-    argv = gateway_argv(stack.addresses, c.host, port, c.gateway_policy)
+    metrics_port = c.gateway_metrics_port or free_port()
+    argv = gateway_argv(stack.addresses, c.host, port, c.gateway_policy, metrics_port)
     process = stack.spawn("gateway", argv, banner=GATEWAY_BANNER)
     url = f"http://{process.wait_ready(stack.timeout)}/v1"
     wait_for_workers(url, len(stack.addresses), stack.timeout, process)

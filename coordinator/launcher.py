@@ -78,6 +78,7 @@ class StackConfig:
     replicas: int = 1  # coordinator + target pairs, all sharing the one draft service
     gateway_port: int = 0  # the SGLang Model Gateway's OpenAI API on this port; 0 = none
     gateway_policy: str = "round_robin"  # smg's --policy across the replicas
+    gateway_metrics_port: int = 0  # the gateway's Prometheus /metrics; 0 = any free port
     served_model_name: str = ""  # the model name the gateway's clients send; "" = folder name
 
 

@@ -13,13 +13,14 @@ from coordinator.launcher import StackConfig
 
 
 def test_gateway_command_parses_with_smg_and_names_every_coordinator():
-    argv = gateway_argv(["127.0.0.1:5001", "127.0.0.1:5002"], "127.0.0.1", 8000, "least_load")
+    argv = gateway_argv(["127.0.0.1:5001", "127.0.0.1:5002"], "127.0.0.1", 8000, "least_load", 8001)
     assert argv[1:4] == ["-m", "smg", "launch"]
     parser = argparse.ArgumentParser()
     RouterArgs.add_cli_args(parser)
     args = RouterArgs.from_cli_args(parser.parse_args(argv[4:]))
     assert args.worker_urls == ["grpc://127.0.0.1:5001", "grpc://127.0.0.1:5002"]
     assert (args.backend, args.policy, args.port) == ("vllm", "least_load", 8000)
+    assert (args.prometheus_host, args.prometheus_port) == ("127.0.0.1", 8001)
 
 
 def test_an_api_key_with_the_gateway_is_refused_up_front():

@@ -180,7 +180,9 @@ def test_two_replicas_share_one_draft(prompt_ids, tokenizer):
             victim.proc.wait()
         draft = (draft_pb2_grpc.DraftServiceStub, stack.draft_address, stack)
         assert num_sequences(*draft) == 1
-        for i in range(3):  # the gateway routes around the dead replica
+        # The gateway's health checks take the dead replica out; the other one serves.
+        assert wait_until(lambda: healthy_workers(stack.gateway_url) == 1, timeout=60)
+        for i in range(3):
             ask(i)
             assert outputs[i] == expected[i]
         revived = victim.respawned()
