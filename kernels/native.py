@@ -47,7 +47,9 @@ SIGNATURES: dict[str, list[type]] = {
     "specdec_silu_and_mul": [_P, _I64, _I32, _P],
     "specdec_write_kv": [_P, _P, _P, _I64, _P, _I64, _I64, _I32],
     "specdec_linear": [_P, _I64, _P, _P, _P, _I64, _P, _I64, _I32, _I32],
+    "specdec_decoder_layers": [_P, _I32, _P, _P, _P],
 }
+RETURNS_STATUS = {"specdec_paged_attention", "specdec_decoder_layers"}
 
 
 class NativeBuildError(RuntimeError):
@@ -110,5 +112,5 @@ def load_library() -> ctypes.CDLL:
     for name, argtypes in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
-        fn.restype = ctypes.c_int if name == "specdec_paged_attention" else None
+        fn.restype = ctypes.c_int if name in RETURNS_STATUS else None
     return lib

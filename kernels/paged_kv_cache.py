@@ -10,6 +10,7 @@ dim 1 is K, index 1 is V. A token at position ``t`` of a sequence lives in page
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -72,6 +73,14 @@ class PagedKVCache:
         self._pages: dict[str, list[int]] = {}
         self._lens: dict[str, int] = {}
         self._c_copy = None  # use_cpu_kernels
+        self.layer_pointers = (ctypes.c_void_p * num_layers)(
+            *(t.data_ptr() for t in self.kv_layers)
+        )
+
+    @property
+    def writes_in_c(self) -> bool:
+        """Whether writes are the C row copy (float32 layers on the CPU, kernels on)."""
+        return self._c_copy is not None
 
     def use_cpu_kernels(self, enabled: bool) -> bool:
         """Write float32 CPU layers with one C call (a row copy per token) instead of

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.decoder_layers import NativeStep
+
 
 class ForwardContext(ABC):
     """One step's batch: flat token ``positions [T]`` (int64) and an ``attend`` per layer.
@@ -27,6 +29,11 @@ class ForwardContext(ABC):
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor: ...
+
+    def native_step(self) -> NativeStep | None:
+        """This step's paging for ``kernels.decoder_layers`` (all layers in one C call),
+        or None when the step must go through ``attend`` layer by layer."""
+        return None
 
 
 @dataclass
@@ -51,4 +58,19 @@ class PagedContext(ForwardContext):
         self.cache.write(layer, self.write_rows, k, v, k_scale, v_scale)
         return self.backend.forward(
             layer, q, self.cache.kv_layers[layer], k_scale, v_scale, self.sm_scale
+        )
+
+    def native_step(self) -> NativeStep | None:
+        plan = getattr(self.backend, "native_plan", None)
+        if plan is None or not self.cache.writes_in_c or not self.write_rows.checked:
+            return None
+        return NativeStep(
+            kv_layers=self.cache.layer_pointers,
+            kv_rows=self.write_rows.rows,
+            qo_indptr=plan.qo_indptr,
+            kv_lens=plan.kv_lens,
+            page_indptr=plan.page_indptr,
+            page_indices=plan.page_indices,
+            page_size=plan.page_size,
+            sm_scale=self.sm_scale,
         )

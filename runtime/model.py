@@ -5,7 +5,9 @@ that q/k/v and gate/up are packed into ``qkv_proj`` / ``gate_up_proj`` and linea
 are stored transposed (``Linear``); the mapping lives in ``runtime.loader``. The forward
 takes flat tokens ``[T]`` of a ragged batch and a ``ForwardContext``; paging is the
 context's business. ``CausalLM.use_cpu_kernels`` swaps the dense ops of a float32 CPU
-model for ``kernels.dense_ops``' C calls; the PyTorch forms stay the reference.
+model for ``kernels.dense_ops``' C calls, and runs every layer of a decode or verify step
+in one C call (``kernels.decoder_layers``) where the context allows; the PyTorch forms
+stay the reference.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import dense_ops
+from kernels.decoder_layers import DecoderLayers, Shape
 from runtime.context import ForwardContext
 from runtime.model_config import ModelConfig
 from runtime.rotary import RotaryEmbedding, RotaryStep, apply_rotary
@@ -196,13 +199,57 @@ class DecoderModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.rope, config.head_dim, max_positions)
         self.cpu_kernels = False  # CausalLM.use_cpu_kernels
+        # Every layer in one C call where the step allows (CausalLM.use_cpu_kernels).
+        self.native_layers: DecoderLayers | None = None
 
     def forward(self, input_ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         rope = self.rotary_emb.for_step(ctx.positions, x.dtype, in_kernel=self.cpu_kernels)
-        for layer in self.layers:
-            x = layer(x, rope, ctx)
+        step = ctx.native_step() if self.native_layers is not None else None
+        if step is not None:
+            x = self.native_layers(x, rope.positions, rope.cos, rope.sin_signed, step)
+        else:
+            for layer in self.layers:
+                x = layer(x, rope, ctx)
         return self.norm(x)
+
+    def build_native_layers(self, config: ModelConfig) -> DecoderLayers | None:
+        """The C loop over this model's layers, or None unless every linear is packed."""
+        linears = [m for m in self.layers.modules() if isinstance(m, Linear)]
+        if not self.cpu_kernels or any(m.packed_weight is None for m in linears):
+            return None
+        shape = Shape(
+            hidden=config.hidden_size,
+            num_heads=config.num_heads,
+            num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim,
+            intermediate=config.intermediate_size,
+            eps=config.rms_norm_eps,
+            qk_eps=config.rms_norm_eps,
+        )
+        layers = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            layers.append(
+                {
+                    "input_norm": layer.input_layernorm.weight.detach(),
+                    "qkv": attn.qkv_proj.packed_weight,
+                    "qkv_bias": _detached(attn.qkv_proj.bias),
+                    "qk_norm": attn.qk_norm_weight if attn.qk_norm else None,
+                    "o_proj": attn.o_proj.packed_weight,
+                    "o_bias": _detached(attn.o_proj.bias),
+                    "post_norm": layer.post_attention_layernorm.weight.detach(),
+                    "gate_up": mlp.gate_up_proj.packed_weight,
+                    "gate_up_bias": _detached(mlp.gate_up_proj.bias),
+                    "down": mlp.down_proj.packed_weight,
+                    "down_bias": _detached(mlp.down_proj.bias),
+                }
+            )
+        return DecoderLayers(shape, layers)
+
+
+def _detached(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.detach()
 
 
 class CausalLM(nn.Module):
@@ -237,6 +284,7 @@ class CausalLM(nn.Module):
                 module.use_cpu_kernels(on)
             elif hasattr(module, "cpu_kernels"):
                 module.cpu_kernels = on
+        self.model.native_layers = self.model.build_native_layers(self.config)
         return on
 
     def finalize(self) -> None:

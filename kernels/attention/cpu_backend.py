@@ -61,6 +61,11 @@ class CpuAttentionBackend(AttentionBackend):
         self._plan: _Plan | None = None  # None: the planned step goes to the reference
 
     @property
+    def native_plan(self) -> _Plan | None:
+        """The planned step's tables when it runs the C kernel (else None)."""
+        return self._plan if self._planned else None
+
+    @property
     def uses_native_kernel(self) -> bool:
         """Whether the planned step runs the C kernel (else the reference)."""
         return self._planned and self._plan is not None

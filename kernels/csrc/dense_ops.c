@@ -11,12 +11,13 @@
 
 #include "common.h"
 
-/* Inverse RMS of one row: 1 / sqrt(mean(x^2) + eps). */
+/* Inverse RMS of one row: 1 / sqrt(mean(x^2) + eps). The sum runs in double, so its
+ * float32 result does not depend on the vector width the CPU's variant sums in. */
 static inline float inv_rms(const float *restrict x, int dim, float eps) {
-    float sum = 0.0f;
+    double sum = 0.0;
 #pragma omp simd reduction(+ : sum)
-    for (int d = 0; d < dim; ++d) sum += x[d] * x[d];
-    return 1.0f / sqrtf(sum / (float)dim + eps);
+    for (int d = 0; d < dim; ++d) sum += (double)x[d] * x[d];
+    return 1.0f / sqrtf((float)(sum / dim) + eps);
 }
 
 /* out[r] = x[r] * inv_rms(x[r]) * weight, for `rows` rows of `dim` (row strides given). */

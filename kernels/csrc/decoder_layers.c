@@ -1,0 +1,73 @@
+/* Every decoder layer of one step in one call: the kernels of dense_ops.c and
+ * paged_attention.c in the order runtime/model.py's modules run them, over caller-owned
+ * buffers.
+ *
+ * At decode and verify sizes a layer's arithmetic takes tens of microseconds and its ten
+ * ops cost as much again in Python dispatch; here the layer loop is C. Same kernels, same
+ * order, same rounding: the hidden states equal the per-op path's bit for bit. Float32
+ * KV caches only (the cache write is a row copy); runtime/model.py keeps the per-op path
+ * for the rest. The caller (kernels/decoder_layers.py) checks every shape; this file
+ * trusts them. */
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ops.h"
+
+/* One layer's weights: linears packed as dense_ops.c's specdec_linear reads them, NULL
+ * bias or q/k norm where the model has none. */
+struct specdec_layer {
+    const float *input_norm, *qkv, *qkv_bias, *qk_norm, *o_proj, *o_bias;
+    const float *post_norm, *gate_up, *gate_up_bias, *down, *down_bias;
+};
+
+/* The model's shape and the step's batch: positions, the KV cache's layers and write
+ * rows, the ragged page tables. */
+struct specdec_step {
+    int64_t tokens;
+    int hidden, num_heads, num_kv_heads, head_dim, intermediate;
+    float eps, qk_eps, sm_scale;
+    const float *cos, *sin_signed;
+    const int64_t *positions;
+    float *const *kv_layers;
+    const int64_t *kv_rows;
+    const int64_t *qo_indptr, *kv_lens, *page_indptr, *page_indices;
+    int batch, page_size;
+};
+
+/* hidden [tokens][hidden] in, the last layer's output in `hidden` again; `scratch` holds
+ * tokens x (2 hidden + qkv + q + 3 intermediate) floats. Returns 0, or -1 when the
+ * attention kernel cannot allocate its scratch. */
+int specdec_decoder_layers(const struct specdec_layer *layers, int num_layers,
+                           const struct specdec_step *s, float *hidden, float *scratch) {
+    const int64_t T = s->tokens;
+    const int H = s->hidden, D = s->head_dim, I = s->intermediate;
+    const int q_width = s->num_heads * D, kv_width = s->num_kv_heads * D;
+    const int qkv_width = q_width + 2 * kv_width;
+    float *normed = scratch;
+    float *mid = normed + T * H; /* the residual stream between attention and MLP */
+    float *qkv = mid + T * H;
+    float *attn = qkv + T * qkv_width;
+    float *gate_up = attn + T * q_width;
+    float *act = gate_up + T * 2 * I;
+    for (int l = 0; l < num_layers; ++l) {
+        const struct specdec_layer *w = &layers[l];
+        specdec_rms_norm(hidden, H, w->input_norm, s->eps, normed, H, T, H);
+        specdec_linear(normed, H, w->qkv, w->qkv_bias, NULL, 0, qkv, T, H, qkv_width);
+        specdec_qk_norm_rope(qkv, T, qkv_width, s->num_heads + s->num_kv_heads, D, w->qk_norm,
+                             s->qk_eps, s->cos, s->sin_signed, s->positions);
+        float *kv = s->kv_layers[l];
+        specdec_write_kv(kv, s->kv_rows, qkv + q_width, qkv_width, qkv + q_width + kv_width,
+                         qkv_width, T, kv_width);
+        if (specdec_paged_attention(qkv, qkv_width, kv, 0, NULL, s->qo_indptr, s->kv_lens,
+                                    s->page_indptr, s->page_indices, s->batch, s->num_heads,
+                                    s->num_kv_heads, D, s->page_size, s->sm_scale, 1.0f,
+                                    attn) != 0)
+            return -1;
+        specdec_linear(attn, q_width, w->o_proj, w->o_bias, hidden, H, mid, T, q_width, H);
+        specdec_rms_norm(mid, H, w->post_norm, s->eps, normed, H, T, H);
+        specdec_linear(normed, H, w->gate_up, w->gate_up_bias, NULL, 0, gate_up, T, H, 2 * I);
+        specdec_silu_and_mul(gate_up, T, I, act);
+        specdec_linear(act, I, w->down, w->down_bias, mid, H, hidden, T, I, H);
+    }
+    return 0;
+}

@@ -1,0 +1,26 @@
+/* The exported kernels one C file calls from another (decoder_layers.c strings them
+ * together); signatures as in dense_ops.c and paged_attention.c. */
+#ifndef SPECDEC_OPS_H
+#define SPECDEC_OPS_H
+
+#include <stdint.h>
+
+void specdec_rms_norm(const float *x, int64_t x_stride, const float *weight, float eps,
+                      float *out, int64_t out_stride, int64_t rows, int dim);
+void specdec_qk_norm_rope(float *qkv, int64_t tokens, int64_t token_stride, int heads,
+                          int head_dim, const float *norm_weight, float eps,
+                          const float *cos_table, const float *sin_signed_table,
+                          const int64_t *positions);
+void specdec_silu_and_mul(const float *gate_up, int64_t tokens, int inter, float *out);
+void specdec_write_kv(float *layer, const int64_t *rows, const float *k, int64_t k_stride,
+                      const float *v, int64_t v_stride, int64_t tokens, int row_size);
+void specdec_linear(const float *x, int64_t ldx, const float *packed, const float *bias,
+                    const float *residual, int64_t ldr, float *y, int64_t M, int K, int N);
+int specdec_paged_attention(const float *q, int64_t q_stride, const void *kv, int kind,
+                            const float *table, const int64_t *qo_indptr,
+                            const int64_t *kv_lens, const int64_t *page_indptr,
+                            const int64_t *page_indices, int batch, int num_qo_heads,
+                            int num_kv_heads, int head_dim, int page_size, float scale,
+                            float v_scale, float *out);
+
+#endif

@@ -1,0 +1,142 @@
+"""All decoder layers of a step in one C call (``csrc/decoder_layers.c``).
+
+At decode and verify sizes the per-op path spends as long in Python (module calls, shape
+checks, tensor allocation; about ten ops a layer) as in the kernels. This runs the same
+kernels in the same order from one C loop over preallocated buffers, so its hidden states
+equal the per-op path's bit for bit (tested). It covers float32 models on the CPU whose
+linears are packed, float32 KV caches and steps the C attention kernel takes; the model
+falls back to the per-op path for everything else.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from kernels.native import load_library
+
+_P, _I32, _I64, _F32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+LAYER_TENSORS = (
+    "input_norm", "qkv", "qkv_bias", "qk_norm", "o_proj", "o_bias",
+    "post_norm", "gate_up", "gate_up_bias", "down", "down_bias",
+)  # fmt: skip
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, _P) for name in LAYER_TENSORS]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [
+        ("tokens", _I64),
+        *[(n, _I32) for n in ("hidden", "num_heads", "num_kv_heads", "head_dim", "inter")],
+        *[(n, _F32) for n in ("eps", "qk_eps", "sm_scale")],
+        ("cos", _P),
+        ("sin_signed", _P),
+        ("positions", _P),
+        ("kv_layers", _P),
+        ("kv_rows", _P),
+        *[(n, _P) for n in ("qo_indptr", "kv_lens", "page_indptr", "page_indices")],
+        ("batch", _I32),
+        ("page_size", _I32),
+    ]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The model's widths and norms' epsilons."""
+
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+    qk_eps: float  # Qwen3's q/k norm (unused without one)
+
+    @property
+    def scratch_floats_per_token(self) -> int:
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return 2 * self.hidden + (q + 2 * kv) + q + 3 * self.intermediate
+
+
+@dataclass(frozen=True)
+class NativeStep:
+    """One step's paging for the C loop (``PagedContext.native_step``): the cache's
+    layers, the K/V write rows (``PagedKVCache.slot_rows``), the attention plan's ragged
+    tables (int64) and the softmax scale."""
+
+    kv_layers: ctypes.Array  # void* per layer, float32 [pages, 2, page_size, Hkv, D]
+    kv_rows: torch.Tensor  # int64 [2 * tokens]
+    qo_indptr: torch.Tensor
+    kv_lens: torch.Tensor
+    page_indptr: torch.Tensor
+    page_indices: torch.Tensor
+    page_size: int
+    sm_scale: float
+
+
+class DecoderLayers:
+    """The C loop over a model's layers. ``layers``: per layer a dict of
+    :data:`LAYER_TENSORS` (float32, contiguous; linears packed by
+    ``dense_ops.pack_linear_weight``; the biases and ``qk_norm`` may be None). Holds
+    references to the tensors it points at."""
+
+    def __init__(self, shape: Shape, layers: list[dict[str, torch.Tensor | None]]) -> None:
+        for i, layer in enumerate(layers):
+            for name in LAYER_TENSORS:
+                tensor = layer[name]
+                if tensor is not None and (
+                    tensor.dtype != torch.float32 or not tensor.is_cpu or not tensor.is_contiguous()
+                ):
+                    raise ValueError(f"layer {i} {name} must be a contiguous float32 CPU tensor")
+            for name in ("input_norm", "qkv", "o_proj", "post_norm", "gate_up", "down"):
+                if layer[name] is None:
+                    raise ValueError(f"layer {i} has no {name}")
+        self.shape = shape
+        self.num_layers = len(layers)
+        self._tensors = layers
+        table = (_Layer * len(layers))()
+        for entry, layer in zip(table, layers, strict=True):
+            for name in LAYER_TENSORS:
+                tensor = layer[name]
+                setattr(entry, name, None if tensor is None else tensor.data_ptr())
+        self._table = table
+        self._kernel = load_library().specdec_decoder_layers
+
+    def __call__(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin_signed: torch.Tensor,
+        step: NativeStep,
+    ) -> torch.Tensor:
+        """Run every layer on ``hidden [T, hidden]`` (float32); returns the new hidden
+        states (a new tensor). ``cos`` / ``sin_signed`` are the whole RoPE tables and
+        ``positions`` int64 ``[T]`` already range-checked (``RotaryEmbedding.for_step``)."""
+        s = self.shape
+        tokens = hidden.shape[0]
+        if hidden.dtype != torch.float32 or hidden.shape[1:] != (s.hidden,):
+            raise ValueError(f"hidden must be float32 [T, {s.hidden}]")
+        if positions.dtype != torch.int64 or positions.shape != (tokens,):
+            raise ValueError(f"positions must be int64 [{tokens}]")
+        if step.kv_rows.shape != (2 * tokens,) or len(step.kv_layers) != self.num_layers:
+            raise ValueError("the step's KV rows or layers do not match the batch and model")
+        out = hidden.contiguous().clone()
+        positions = positions.contiguous()
+        scratch = torch.empty(tokens * s.scratch_floats_per_token, dtype=torch.float32)
+        spec = _Step(
+            tokens, s.hidden, s.num_heads, s.num_kv_heads, s.head_dim, s.intermediate,
+            s.eps, s.qk_eps, step.sm_scale, cos.data_ptr(), sin_signed.data_ptr(),
+            positions.data_ptr(), ctypes.addressof(step.kv_layers), step.kv_rows.data_ptr(),
+            step.qo_indptr.data_ptr(), step.kv_lens.data_ptr(), step.page_indptr.data_ptr(),
+            step.page_indices.data_ptr(), step.qo_indptr.shape[0] - 1, step.page_size,
+        )  # fmt: skip
+        status = self._kernel(self._table, self.num_layers, ctypes.byref(spec), out.data_ptr(),
+                              scratch.data_ptr())  # fmt: skip
+        if status != 0:
+            raise MemoryError("the decoder layers could not allocate attention scratch memory")
+        return out
