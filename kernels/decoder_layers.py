@@ -3,9 +3,9 @@
 At decode and verify sizes the per-op path spends as long in Python (module calls, shape
 checks, tensor allocation; about ten ops a layer) as in the kernels. This runs the same
 kernels in the same order from one C loop over preallocated buffers, so its hidden states
-equal the per-op path's bit for bit (tested). It covers float32 models on the CPU whose
-linears are packed, float32 KV caches and steps the C attention kernel takes; the model
-falls back to the per-op path for everything else.
+equal the per-op path's bit for bit (tested). It covers CPU models computing in float32
+whose linears are packed (in 32 or 16 bits), float32 KV caches and steps the C attention
+kernel takes; the model falls back to the per-op path for everything else.
 """
 
 from __future__ import annotations
@@ -41,7 +41,13 @@ class _Step(ctypes.Structure):
         *[(n, _P) for n in ("qo_indptr", "kv_lens", "page_indptr", "page_indices")],
         ("batch", _I32),
         ("page_size", _I32),
+        ("weight_kind", _I32),
     ]
+
+
+# The packed linears' dtype -> csrc/decoder_layers.c's weight_kind.
+WEIGHT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+LINEARS = ("qkv", "o_proj", "gate_up", "down")
 
 
 @dataclass(frozen=True)
@@ -80,22 +86,28 @@ class NativeStep:
 
 class DecoderLayers:
     """The C loop over a model's layers. ``layers``: per layer a dict of
-    :data:`LAYER_TENSORS` (float32, contiguous; linears packed by
-    ``dense_ops.pack_linear_weight``; the biases and ``qk_norm`` may be None). Holds
-    references to the tensors it points at."""
+    :data:`LAYER_TENSORS` (contiguous on the CPU; linears packed by
+    ``dense_ops.pack_linear_weight``, all in one of :data:`WEIGHT_KINDS`; everything else
+    float32; the biases and ``qk_norm`` may be None). Holds references to the tensors it
+    points at."""
 
     def __init__(self, shape: Shape, layers: list[dict[str, torch.Tensor | None]]) -> None:
+        weight_dtype = layers[0]["qkv"].dtype if layers else torch.float32
+        if weight_dtype not in WEIGHT_KINDS:
+            raise ValueError(f"no C loop for {weight_dtype} linears")
         for i, layer in enumerate(layers):
             for name in LAYER_TENSORS:
                 tensor = layer[name]
+                dtype = weight_dtype if name in LINEARS else torch.float32
                 if tensor is not None and (
-                    tensor.dtype != torch.float32 or not tensor.is_cpu or not tensor.is_contiguous()
+                    tensor.dtype != dtype or not tensor.is_cpu or not tensor.is_contiguous()
                 ):
-                    raise ValueError(f"layer {i} {name} must be a contiguous float32 CPU tensor")
+                    raise ValueError(f"layer {i} {name} must be a contiguous {dtype} CPU tensor")
             for name in ("input_norm", "qkv", "o_proj", "post_norm", "gate_up", "down"):
                 if layer[name] is None:
                     raise ValueError(f"layer {i} has no {name}")
         self.shape = shape
+        self.weight_kind = WEIGHT_KINDS[weight_dtype]
         self.num_layers = len(layers)
         self._tensors = layers
         table = (_Layer * len(layers))()
@@ -134,6 +146,7 @@ class DecoderLayers:
             positions.data_ptr(), ctypes.addressof(step.kv_layers), step.kv_rows.data_ptr(),
             step.qo_indptr.data_ptr(), step.kv_lens.data_ptr(), step.page_indptr.data_ptr(),
             step.page_indices.data_ptr(), step.qo_indptr.shape[0] - 1, step.page_size,
+            self.weight_kind,
         )  # fmt: skip
         status = self._kernel(self._table, self.num_layers, ctypes.byref(spec), out.data_ptr(),
                               scratch.data_ptr())  # fmt: skip

@@ -27,7 +27,8 @@ LINEAR_COLS = 32  # columns per packed weight block (LINEAR_COLS in csrc/dense_o
 
 
 @functools.cache
-def _library_loads() -> bool:
+def library_loads() -> bool:
+    """Whether the kernels are built (or can be) here."""
     try:
         load_library()
     except NativeBuildError:
@@ -37,7 +38,7 @@ def _library_loads() -> bool:
 
 def available(x: torch.Tensor) -> bool:
     """True when ``x`` is float32 on the CPU and the kernels are built."""
-    return x.dtype == torch.float32 and x.device.type == "cpu" and _library_loads()
+    return x.dtype == torch.float32 and x.device.type == "cpu" and library_loads()
 
 
 def _check(name: str, x: torch.Tensor) -> None:
@@ -114,20 +115,33 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
-    """``[in, out]`` -> ``[out / LINEAR_COLS, in, LINEAR_COLS]`` (each column block a stream).
-    ValueError unless ``out`` is a multiple of LINEAR_COLS."""
+# The packed weight's dtype -> the C function multiplying by it (activations are float32).
+LINEAR_KERNELS = {
+    torch.float32: "specdec_linear",
+    torch.bfloat16: "specdec_linear_bf16",
+    torch.float16: "specdec_linear_f16",
+}
+
+
+def pack_linear_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``[in, out]`` -> ``[out / LINEAR_COLS, in, LINEAR_COLS]`` (each column block a
+    stream), stored as ``dtype`` (one of LINEAR_KERNELS: 16 bits halve the bytes a step
+    reads; the kernel widens them to float32). ValueError unless ``out`` is a multiple of
+    LINEAR_COLS."""
     _check("weight", weight)
+    if dtype not in LINEAR_KERNELS:
+        raise ValueError(f"no linear kernel for {dtype} weights")
     k, n = weight.shape
     if n % LINEAR_COLS:
         raise ValueError(f"cannot pack {n} output columns in blocks of {LINEAR_COLS}")
-    return weight.reshape(k, n // LINEAR_COLS, LINEAR_COLS).permute(1, 0, 2).contiguous()
+    blocks = weight.reshape(k, n // LINEAR_COLS, LINEAR_COLS).permute(1, 0, 2)
+    return blocks.to(dtype).contiguous()
 
 
 def unpack_linear_weight(packed: torch.Tensor) -> torch.Tensor:
-    """The inverse of :func:`pack_linear_weight`: ``[in, out]``, contiguous."""
+    """The inverse of :func:`pack_linear_weight`: ``[in, out]`` float32, contiguous."""
     blocks, k, cols = packed.shape
-    return packed.permute(1, 0, 2).reshape(k, blocks * cols)
+    return packed.permute(1, 0, 2).reshape(k, blocks * cols).float()
 
 
 def linear(
@@ -136,8 +150,8 @@ def linear(
     bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x @ W (+ bias) (+ residual)`` for ``x [M, in]`` and ``W`` packed by
-    :func:`pack_linear_weight`; ``[M, out]``."""
+    """``x @ W (+ bias) (+ residual)`` for float32 ``x [M, in]`` and ``W`` packed by
+    :func:`pack_linear_weight` (any of its dtypes); float32 ``[M, out]``."""
     blocks, k, cols = packed.shape
     n = blocks * cols
     _check("x", x)
@@ -154,7 +168,7 @@ def linear(
                 f"residual has shape {tuple(residual.shape)}, expected {(x.shape[0], n)}"
             )
     out = torch.empty(x.shape[0], n, dtype=torch.float32)
-    load_library().specdec_linear(
+    getattr(load_library(), LINEAR_KERNELS[packed.dtype])(
         x.data_ptr(), x.stride(0), packed.data_ptr(),
         None if bias is None else bias.data_ptr(),
         None if residual is None else residual.data_ptr(),

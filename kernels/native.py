@@ -46,7 +46,10 @@ SIGNATURES: dict[str, list[type]] = {
     "specdec_qk_norm_rope": [_P, _I64, _I64, _I32, _I32, _P, _F32, _P, _P, _P],
     "specdec_silu_and_mul": [_P, _I64, _I32, _P],
     "specdec_write_kv": [_P, _P, _P, _I64, _P, _I64, _I64, _I32],
-    "specdec_linear": [_P, _I64, _P, _P, _P, _I64, _P, _I64, _I32, _I32],
+    **{
+        name: [_P, _I64, _P, _P, _P, _I64, _P, _I64, _I32, _I32]
+        for name in ("specdec_linear", "specdec_linear_bf16", "specdec_linear_f16")
+    },
     "specdec_decoder_layers": [_P, _I32, _P, _P, _P],
 }
 RETURNS_STATUS = {"specdec_paged_attention", "specdec_decoder_layers"}

@@ -7,7 +7,7 @@ from functools import cached_property
 
 from runtime.model_config import ModelConfig
 
-COMPUTE_DTYPES = ("float32", "bfloat16")
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_KV_CACHE_MEMORY_BYTES = 256 * 1024 * 1024
 
 
@@ -19,6 +19,10 @@ class RuntimeConfig:
     ``DEFAULT_KV_CACHE_MEMORY_BYTES``. ``max_model_len`` defaults to (and may not exceed)
     the checkpoint's ``max_position_embeddings``. ``kv_scales_path`` names a JSON
     ``KVScaleTable`` that overrides the checkpoint's scales.
+
+    ``dtype`` is the weights' dtype. Where the CPU kernels run (``cpu_kernels``) the
+    activations, and with them an ``auto`` KV cache, stay float32 whatever it is (the
+    kernels widen 16-bit weights as they read them); elsewhere everything runs in it.
     """
 
     model: str
@@ -61,10 +65,27 @@ class RuntimeConfig:
         return getattr(torch, self.dtype)
 
     @cached_property
+    def cpu_kernels(self) -> bool:
+        """Whether the model runs on the C kernels: the CPU, an attention backend that
+        takes them (``auto`` or ``cpu``), and a compiler to build them."""
+        if self.device != "cpu" or self.attention_backend not in ("auto", "cpu"):
+            return False
+        from kernels import dense_ops
+
+        return dense_ops.library_loads()
+
+    @cached_property
+    def compute_dtype(self):  # -> torch.dtype
+        """The activations' dtype: float32 on the C kernels, else ``dtype``."""
+        import torch
+
+        return torch.float32 if self.cpu_kernels else self.torch_dtype
+
+    @cached_property
     def kv_torch_dtype(self):  # -> torch.dtype
         from kernels.fp8 import resolve_kv_cache_dtype
 
-        return resolve_kv_cache_dtype(self.kv_cache_dtype, self.torch_dtype)
+        return resolve_kv_cache_dtype(self.kv_cache_dtype, self.compute_dtype)
 
     @cached_property
     def resolved_max_model_len(self) -> int:

@@ -78,12 +78,14 @@ class Linear(nn.Module):
             )
         target.copy_(tensor)
 
-    def use_cpu_kernels(self, enabled: bool) -> None:
+    def use_cpu_kernels(self, enabled: bool, weight_dtype: torch.dtype = torch.float32) -> None:
         """Hold the weight packed for ``kernels.dense_ops.linear`` (enabled, when the
-        output width packs) or as the ``[in, out]`` parameter; never both at once."""
+        output width packs; stored as ``weight_dtype``) or as the float32 ``[in, out]``
+        parameter; never both at once."""
         if enabled and self.packed_weight is None:
             if self.weight.shape[1] % dense_ops.LINEAR_COLS == 0:
-                self.packed_weight = dense_ops.pack_linear_weight(self.weight.detach())
+                weight = self.weight.detach()
+                self.packed_weight = dense_ops.pack_linear_weight(weight, weight_dtype)
                 self.weight = None
         elif not enabled and self.packed_weight is not None:
             self.weight = nn.Parameter(dense_ops.unpack_linear_weight(self.packed_weight))
@@ -274,14 +276,23 @@ class CausalLM(nn.Module):
         full = logits.new_full((logits.shape[0], self.config.vocab_size), float("-inf"))
         return full.index_copy_(1, self.head_token_ids, logits)
 
-    def use_cpu_kernels(self, enabled: bool) -> bool:
+    def use_cpu_kernels(self, enabled: bool, weight_dtype: torch.dtype = torch.float32) -> bool:
         """Run the linears, RMSNorm, q/k norm + RoPE and SiLU-and-mul as C kernels
         (``kernels.dense_ops``) when ``enabled`` and the model is float32 on the CPU with
-        the kernels built; else PyTorch. Call after loading. Returns whether they are on."""
+        the kernels built; else PyTorch. Call after loading. Returns whether they are on.
+
+        A 16-bit ``weight_dtype`` stores the packed linears in it (half the bytes a step
+        reads) and rounds every other weight to it too, so the model is the checkpoint in
+        that dtype, computed in float32."""
         on = enabled and dense_ops.available(self.model.embed_tokens.weight)
+        if on and weight_dtype != torch.float32:
+            with torch.no_grad():
+                for param in self.parameters():
+                    param.copy_(param.to(weight_dtype))
+            self.finalize()  # the fused q/k norm weights, from the rounded ones
         for module in self.modules():
             if isinstance(module, Linear):
-                module.use_cpu_kernels(on)
+                module.use_cpu_kernels(on, weight_dtype)
             elif hasattr(module, "cpu_kernels"):
                 module.cpu_kernels = on
         self.model.native_layers = self.model.build_native_layers(self.config)

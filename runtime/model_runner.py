@@ -40,7 +40,7 @@ class ModelRunner:
             config.model,
             mc,
             config.resolved_max_model_len,
-            config.torch_dtype,
+            config.compute_dtype,
             self.device,
         )
         self.cache = PagedKVCache(
@@ -55,7 +55,9 @@ class ModelRunner:
         self.backend = create_attention_backend(config.attention_backend, self.device)
         # The C attention backend brings the C kernels for the rest of the layer with it;
         # the reference stays PyTorch throughout.
-        self.cpu_kernels = self.model.use_cpu_kernels(isinstance(self.backend, CpuAttentionBackend))
+        self.cpu_kernels = self.model.use_cpu_kernels(
+            isinstance(self.backend, CpuAttentionBackend), config.torch_dtype
+        )
         self.cache.use_cpu_kernels(self.cpu_kernels)
         self._sm_scale = mc.head_dim**-0.5
         self._seq_tables: dict[str, KVScaleTable] = {}
@@ -120,7 +122,7 @@ class ModelRunner:
             )
         from kernels.fp8 import resolve_kv_cache_dtype
 
-        if resolve_kv_cache_dtype(table.dtype, self.config.torch_dtype) != self.kv_torch_dtype:
+        if resolve_kv_cache_dtype(table.dtype, self.config.compute_dtype) != self.kv_torch_dtype:
             raise ValueError(
                 f"KV-scale table is for kv_cache_dtype {table.dtype!r}, "
                 f"this runner uses {self.kv_cache_dtype!r}"
@@ -229,7 +231,7 @@ class ModelRunner:
             mc.num_heads,
             mc.num_kv_heads,
             mc.head_dim,
-            self.config.torch_dtype,
+            self.config.compute_dtype,
             self.kv_torch_dtype,
         )
         k_scales, v_scales = self._step_scales

@@ -3,8 +3,8 @@
  * buffers.
  *
  * At decode and verify sizes a layer's arithmetic takes tens of microseconds and its ten
- * ops cost as much again in Python dispatch; here the layer loop is C. Same kernels, same
- * order, same rounding: the hidden states equal the per-op path's bit for bit. Float32
+ * ops cost as much again in Python dispatch; here the layer loop is C. Same kernels (the
+ * linear for the weights' storage dtype), same order, same rounding: the hidden states equal the per-op path's bit for bit. Float32
  * KV caches only (the cache write is a row copy); runtime/model.py keeps the per-op path
  * for the rest. The caller (kernels/decoder_layers.py) checks every shape; this file
  * trusts them. */
@@ -32,7 +32,16 @@ struct specdec_step {
     const int64_t *kv_rows;
     const int64_t *qo_indptr, *kv_lens, *page_indptr, *page_indices;
     int batch, page_size;
+    int weight_kind; /* the packed linears: 0 float32, 1 bfloat16, 2 float16 */
 };
+
+typedef void (*linear_fn)(const float *, int64_t, const void *, const float *, const float *,
+                          int64_t, float *, int64_t, int, int);
+
+static void linear_f32(const float *x, int64_t ldx, const void *packed, const float *bias,
+                       const float *residual, int64_t ldr, float *y, int64_t M, int K, int N) {
+    specdec_linear(x, ldx, packed, bias, residual, ldr, y, M, K, N);
+}
 
 /* hidden [tokens][hidden] in, the last layer's output in `hidden` again; `scratch` holds
  * tokens x (2 hidden + qkv + q + 3 intermediate) floats. Returns 0, or -1 when the
@@ -49,10 +58,13 @@ int specdec_decoder_layers(const struct specdec_layer *layers, int num_layers,
     float *attn = qkv + T * qkv_width;
     float *gate_up = attn + T * q_width;
     float *act = gate_up + T * 2 * I;
+    const linear_fn linear = s->weight_kind == 1   ? specdec_linear_bf16
+                             : s->weight_kind == 2 ? specdec_linear_f16
+                                                   : linear_f32;
     for (int l = 0; l < num_layers; ++l) {
         const struct specdec_layer *w = &layers[l];
         specdec_rms_norm(hidden, H, w->input_norm, s->eps, normed, H, T, H);
-        specdec_linear(normed, H, w->qkv, w->qkv_bias, NULL, 0, qkv, T, H, qkv_width);
+        linear(normed, H, w->qkv, w->qkv_bias, NULL, 0, qkv, T, H, qkv_width);
         specdec_qk_norm_rope(qkv, T, qkv_width, s->num_heads + s->num_kv_heads, D, w->qk_norm,
                              s->qk_eps, s->cos, s->sin_signed, s->positions);
         float *kv = s->kv_layers[l];
@@ -63,11 +75,11 @@ int specdec_decoder_layers(const struct specdec_layer *layers, int num_layers,
                                     s->num_kv_heads, D, s->page_size, s->sm_scale, 1.0f,
                                     attn) != 0)
             return -1;
-        specdec_linear(attn, q_width, w->o_proj, w->o_bias, hidden, H, mid, T, q_width, H);
+        linear(attn, q_width, w->o_proj, w->o_bias, hidden, H, mid, T, q_width, H);
         specdec_rms_norm(mid, H, w->post_norm, s->eps, normed, H, T, H);
-        specdec_linear(normed, H, w->gate_up, w->gate_up_bias, NULL, 0, gate_up, T, H, 2 * I);
+        linear(normed, H, w->gate_up, w->gate_up_bias, NULL, 0, gate_up, T, H, 2 * I);
         specdec_silu_and_mul(gate_up, T, I, act);
-        specdec_linear(act, I, w->down, w->down_bias, mid, H, hidden, T, I, H);
+        linear(act, I, w->down, w->down_bias, mid, H, hidden, T, I, H);
     }
     return 0;
 }

@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "ops.h"
+
 #include "common.h"
 
 /* Inverse RMS of one row: 1 / sqrt(mean(x^2) + eps). The sum runs in double, so its
@@ -160,3 +162,109 @@ void specdec_linear(const float *x, int64_t ldx, const float *packed, const floa
         }
     }
 }
+
+/* The same linear over 16-bit weights (bfloat16 or IEEE float16), packed alike: each
+ * row of a block is widened to float32 once, then multiplied and summed exactly as above,
+ * so the products and sums are those of specdec_linear over the widened weights (batch
+ * invariant too). Half the bytes per decode step. Both widenings are integer shifts that
+ * vectorise on any x86 (bfloat16 is float32's top half; float16's exponent is rebased by
+ * a multiply by 2^112, exact for normal and subnormal values alike). */
+static inline float widen_bf16(uint16_t bits) {
+    union { uint32_t bits; float value; } v = {.bits = (uint32_t)bits << 16};
+    return v.value;
+}
+
+static inline float widen_f16(uint16_t bits) {
+    union { uint32_t bits; float value; } magnitude = {.bits = (uint32_t)(bits & 0x7fff) << 13};
+    union { uint32_t bits; float value; } out = {.bits = 0};
+    out.value = magnitude.value * 0x1p112f;
+    out.bits |= (uint32_t)(bits & 0x8000) << 16;
+    return out.value;
+}
+
+#define LINEAR_16(SUFFIX, ATTRIBUTES, TARGET, WTYPE, WIDEN)                                      \
+    static inline __attribute__((always_inline)) TARGET void linear_tile_##SUFFIX(              \
+        const int rows, const float *restrict x, int64_t ldx, const WTYPE *restrict block,     \
+        const float *bias, const float *residual, int64_t ldr, float *restrict y, int64_t ldy, \
+        int K) {                                                                                \
+        float acc[LINEAR_ROWS][LINEAR_COLS];                                                    \
+        for (int m = 0; m < rows; ++m)                                                          \
+            for (int n = 0; n < LINEAR_COLS; ++n)                                               \
+                acc[m][n] = (residual ? residual[m * ldr + n] : 0.0f) + (bias ? bias[n] : 0.0f); \
+        for (int k0 = 0; k0 < K; k0 += LINEAR_DEPTH) {                                         \
+            const int k1 = K - k0 < LINEAR_DEPTH ? K : k0 + LINEAR_DEPTH;                       \
+            float part[LINEAR_ROWS][LINEAR_COLS] = {{0.0f}};                                    \
+            for (int k = k0; k < k1; ++k) {                                                     \
+                const WTYPE *restrict w16 = block + (int64_t)k * LINEAR_COLS;                   \
+                __builtin_prefetch(w16 + 2 * LINEAR_PREFETCH * LINEAR_COLS);                    \
+                float w[LINEAR_COLS];                                                           \
+                WIDEN(w16, w);                                                                  \
+                for (int m = 0; m < rows; ++m) {                                                \
+                    const float xv = x[m * ldx + k];                                            \
+                    _Pragma("omp simd") for (int n = 0; n < LINEAR_COLS; ++n)                   \
+                        part[m][n] += xv * w[n];                                                \
+                }                                                                               \
+            }                                                                                   \
+            for (int m = 0; m < rows; ++m)                                                      \
+                _Pragma("omp simd") for (int n = 0; n < LINEAR_COLS; ++n)                       \
+                    acc[m][n] += part[m][n];                                                    \
+        }                                                                                       \
+        for (int m = 0; m < rows; ++m) memcpy(y + m * ldy, acc[m], sizeof acc[m]);              \
+    }                                                                                           \
+    ATTRIBUTES TARGET                                                                           \
+    void specdec_linear_##SUFFIX(const float *x, int64_t ldx, const void *packed,               \
+                                 const float *bias, const float *residual, int64_t ldr,         \
+                                 float *y, int64_t M, int K, int N) {                           \
+        for (int n0 = 0; n0 < N; n0 += LINEAR_COLS) {                                           \
+            const WTYPE *block = (const WTYPE *)packed + (int64_t)n0 * K;                       \
+            for (int64_t m0 = 0; m0 < M; m0 += LINEAR_ROWS) {                                   \
+                const int64_t rows = M - m0 < LINEAR_ROWS ? M - m0 : LINEAR_ROWS;               \
+                const float *xr = x + m0 * ldx;                                                 \
+                const float *b = bias ? bias + n0 : NULL;                                       \
+                const float *res = residual ? residual + m0 * ldr + n0 : NULL;                  \
+                float *yr = y + m0 * N + n0;                                                    \
+                switch (rows) {                                                                 \
+                case 4: linear_tile_##SUFFIX(4, xr, ldx, block, b, res, ldr, yr, N, K); break;  \
+                case 3: linear_tile_##SUFFIX(3, xr, ldx, block, b, res, ldr, yr, N, K); break;  \
+                case 2: linear_tile_##SUFFIX(2, xr, ldx, block, b, res, ldr, yr, N, K); break;  \
+                default: linear_tile_##SUFFIX(1, xr, ldx, block, b, res, ldr, yr, N, K); break; \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+    }
+
+#define WIDEN_ROW(WIDEN_ONE)                                                                     \
+    (const uint16_t *restrict in, float *restrict out) {                                        \
+        for (int n = 0; n < LINEAR_COLS; ++n) out[n] = WIDEN_ONE(in[n]);                        \
+    }
+static inline __attribute__((always_inline)) void widen_row_bf16 WIDEN_ROW(widen_bf16)
+static inline __attribute__((always_inline)) void widen_row_f16 WIDEN_ROW(widen_f16)
+
+LINEAR_16(bf16, SPECDEC_CLONES, , uint16_t, widen_row_bf16)
+LINEAR_16(f16_generic, static, , uint16_t, widen_row_f16)
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+/* float16 widened by F16C (x86-64-v3 and up), four instructions a row. */
+#define F16C __attribute__((target("avx2,fma,f16c")))
+static inline __attribute__((always_inline)) F16C void widen_row_f16c(
+    const uint16_t *restrict in, float *restrict out) {
+    for (int n = 0; n < LINEAR_COLS; n += 8)
+        _mm256_storeu_ps(out + n, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(in + n))));
+}
+LINEAR_16(f16c, static, F16C, uint16_t, widen_row_f16c)
+
+void specdec_linear_f16(const float *x, int64_t ldx, const void *packed, const float *bias,
+                        const float *residual, int64_t ldr, float *y, int64_t M, int K, int N) {
+    if (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2") &&
+        __builtin_cpu_supports("fma"))
+        specdec_linear_f16c(x, ldx, packed, bias, residual, ldr, y, M, K, N);
+    else
+        specdec_linear_f16_generic(x, ldx, packed, bias, residual, ldr, y, M, K, N);
+}
+#else
+void specdec_linear_f16(const float *x, int64_t ldx, const void *packed, const float *bias,
+                        const float *residual, int64_t ldr, float *y, int64_t M, int K, int N) {
+    specdec_linear_f16_generic(x, ldx, packed, bias, residual, ldr, y, M, K, N);
+}
+#endif

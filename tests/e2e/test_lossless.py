@@ -64,14 +64,17 @@ def pair(request, prompt_ids):
     return str(REAL_TARGET), str(REAL_DRAFT), chats, hf_greedy(str(REAL_TARGET), ids)
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_greedy_spec_output_equals_target_only_for_k_1_3_5(kv_cache_dtype, pair):
+@pytest.mark.parametrize(
+    "kv_cache_dtype, dtype", [("auto", "float32"), ("fp8", "float32"), ("auto", "float16")]
+)
+def test_greedy_spec_output_equals_target_only_for_k_1_3_5(kv_cache_dtype, dtype, pair):
     target, draft, prompts, hf_outputs = pair
     params = GenerateParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     with running_stack(
         target_model=target,
         draft_model=draft,
         kv_cache_dtype=kv_cache_dtype,
+        dtype=dtype,
         speculative_config='{"num_speculative_tokens": 5}',
         with_baseline=True,
     ) as stack:
@@ -92,5 +95,5 @@ def test_greedy_spec_output_equals_target_only_for_k_1_3_5(kv_cache_dtype, pair)
         assert drafted > 0 and 0 < accepted <= drafted
         # No draft is ever longer than the K asked for.
         assert all(len(o.stats["accepted_per_position"]) <= k for o in outs)
-    if kv_cache_dtype == "auto":
+    if (kv_cache_dtype, dtype) == ("auto", "float32"):
         assert expected == hf_outputs

@@ -14,7 +14,12 @@ def test_cpu_kernels_follow_the_attention_backend_and_the_dtype(qwen3_path):
 
     assert runner(attention_backend="cpu").cpu_kernels
     assert not runner(attention_backend="reference").cpu_kernels
-    assert not runner(attention_backend="cpu", dtype="bfloat16").cpu_kernels
+    # 16-bit weights on the kernels: stored in 16 bits, computed in float32.
+    half = runner(attention_backend="cpu", dtype="bfloat16")
+    assert half.cpu_kernels and half.config.compute_dtype == torch.float32
+    # Off the kernels, the dtype is the compute dtype too, KV cache included.
+    plain = runner(attention_backend="reference", dtype="bfloat16")
+    assert not plain.cpu_kernels and plain.kv_torch_dtype == torch.bfloat16
 
 
 def test_linear_holds_its_weight_packed_or_plain_never_both():

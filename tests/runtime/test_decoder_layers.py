@@ -1,4 +1,5 @@
-"""All layers in one C call (kernels.decoder_layers) equal the per-op path bit for bit."""
+"""All layers in one C call (kernels.decoder_layers) equal the per-op path bit for bit, with
+float32 or 16-bit weights; 16-bit weights match transformers in that dtype."""
 
 from __future__ import annotations
 
@@ -29,14 +30,18 @@ def steps(runner: ModelRunner) -> torch.Tensor:
             runner.release(seq_id)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize(
     "arch, overrides",
     [("qwen3", {}), ("llama", {"attention_bias": True, "mlp_bias": True})],
     ids=["qwen3-qk-norm", "llama-biases"],
 )
-def test_native_layers_equal_the_per_op_path(tmp_path, tiny_checkpoint, arch, overrides):
+def test_native_layers_equal_the_per_op_path(tmp_path, tiny_checkpoint, arch, overrides, dtype):
     path = tiny_checkpoint(tmp_path / arch, arch, **overrides)
-    runner = ModelRunner.from_pretrained(path, num_pages=32, attention_backend="cpu")
+    runner = ModelRunner.from_pretrained(path, num_pages=32, attention_backend="cpu", dtype=dtype)
+    assert runner.kv_torch_dtype == torch.float32  # activations and an auto cache: float32
+    packed = runner.model.model.layers[0].mlp.down_proj.packed_weight
+    assert packed.dtype == getattr(torch, dtype), "the linears are stored in the dtype"
     native = runner.model.model.native_layers
     assert native is not None, "a float32 CPU model with packed linears runs the C loop"
     calls = []
@@ -46,8 +51,43 @@ def test_native_layers_equal_the_per_op_path(tmp_path, tiny_checkpoint, arch, ov
     runner.model.model.native_layers = None
     per_op = steps(runner)
     assert torch.equal(with_native, per_op)
-    reference = ModelRunner.from_pretrained(path, num_pages=32, attention_backend="reference")
-    torch.testing.assert_close(with_native, steps(reference), rtol=0, atol=1e-4)
+    if dtype == "float32":
+        reference = ModelRunner.from_pretrained(path, num_pages=32, attention_backend="reference")
+        torch.testing.assert_close(with_native, steps(reference), rtol=0, atol=1e-4)
+
+
+def hf_logits(path, dtype: torch.dtype, upcast: bool, ids: list[int]) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    if upcast:
+        model = model.float()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16_bit_weights_match_transformers_in_that_dtype(qwen3_path, dtype):
+    ids = [(7 * i + 3) % 256 for i in range(24)]
+    runner = ModelRunner.from_pretrained(qwen3_path, num_pages=32, dtype=str(dtype)[6:])
+    runner.open("s")
+    ours = torch.cat(
+        [
+            runner.extend([SequenceChunk("s", ids[:20], 20)])[0],
+            runner.extend([SequenceChunk("s", ids[20:], 4)])[0],  # the C loop
+        ]
+    )
+    # The checkpoint rounded to the dtype, computed in float32 as ours is: float32 noise.
+    torch.testing.assert_close(ours, hf_logits(qwen3_path, dtype, True, ids), rtol=0, atol=1e-4)
+    # transformers computing in the dtype itself: that dtype's rounding, a few ulps deep.
+    theirs = hf_logits(qwen3_path, dtype, False, ids)
+    atol = 8 * torch.finfo(dtype).eps * float(theirs.abs().max())
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=atol)
+    # A float32 run of the same checkpoint differs by more than float32 noise: the
+    # weights really are rounded.
+    full = ModelRunner.from_pretrained(qwen3_path, num_pages=32)
+    full.open("s")
+    assert (full.extend([SequenceChunk("s", ids, 24)])[0] - ours).abs().max() > 1e-3
 
 
 def test_steps_the_c_loop_cannot_take_go_layer_by_layer(qwen3_path):

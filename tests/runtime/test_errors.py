@@ -69,7 +69,7 @@ def test_bad_kv_cache_dtype_lists_valid_values(qwen3_path):
     with pytest.raises(ValueError, match="auto, fp8, fp8_e4m3, fp8_e5m2"):
         RuntimeConfig(model=str(qwen3_path), kv_cache_dtype="int8")
     with pytest.raises(ValueError, match="float32"):
-        RuntimeConfig(model=str(qwen3_path), dtype="float16")
+        RuntimeConfig(model=str(qwen3_path), dtype="float64")
 
 
 def test_missing_folder_and_unsupported_architecture(tmp_path):
