@@ -1,9 +1,12 @@
 """Greedy decode throughput: specdec's runtime vs ``transformers`` on the same checkpoint.
 
     python bench/runtime.py [--model PATH] [--json] [--new-tokens 128] [--attention-backend B]
+                            [--dtypes float32,float16,bfloat16]
 
-Batch 1 and batch 8 (eight prompts of equal length, so HF needs no padding), float32,
-``auto`` KV cache; each engine's best of ``--rounds`` alternating rounds. Default model:
+Batch 1 and batch 8 (eight prompts of equal length, so HF needs no padding), ``auto`` KV
+cache; each engine's best of ``--rounds`` alternating rounds; one row per weight dtype,
+both engines loading the checkpoint in it (ours computes in float32 over 16-bit weights,
+transformers in the dtype itself). Default model:
 the real target (``models/smollm2-135m-instruct``, fetched by scripts/fetch_models.py),
 else the bundled tiny ``models/target``, else a random ~20M-parameter Qwen3 built in a
 temp folder.
@@ -86,22 +89,31 @@ def run_hf(model, batch: int, new_tokens: int, vocab: int) -> tuple[float, list[
 
 
 def bench(
-    model_path: Path, new_tokens: int, rounds: int, attention_backend: str = "auto"
-) -> tuple[dict[str, float], dict[int, str]]:
+    model_path: Path,
+    new_tokens: int,
+    rounds: int,
+    attention_backend: str = "auto",
+    dtype: str = "float32",
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Figures keyed ``{ours,hf}_tok_s_bs{1,8}`` (float32) or ``..._{dtype}``."""
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(
-        model_path, local_files_only=True, dtype=torch.float32
+        model_path, local_files_only=True, dtype=getattr(torch, dtype)
     ).eval()
     vocab = hf.config.vocab_size
     pages_per_seq = -(-(PROMPT_LEN + new_tokens) // 16)
     runner = ModelRunner.from_pretrained(
-        model_path, num_pages=8 * pages_per_seq + 8, attention_backend=attention_backend
+        model_path,
+        num_pages=8 * pages_per_seq + 8,
+        attention_backend=attention_backend,
+        dtype=dtype,
     )
+    suffix = "" if dtype == "float32" else f"_{dtype}"
     run_ours(runner, 1, 4)  # warm-up
     run_hf(hf, 1, 4, vocab)
     results: dict[str, float] = {}
-    agreement: dict[int, str] = {}
+    agreement: dict[str, str] = {}
     for batch in (1, 8):
         # Alternate the engines and keep each one's best round: on a shared machine the
         # slow rounds measure the neighbours, not the engine.
@@ -111,11 +123,11 @@ def bench(
             ours_s = min(ours_s, elapsed)
             elapsed, hf_tokens = run_hf(hf, batch, new_tokens, vocab)
             hf_s = min(hf_s, elapsed)
-        results[f"ours_tok_s_bs{batch}"] = round(batch * new_tokens / ours_s, 1)
-        results[f"hf_tok_s_bs{batch}"] = round(batch * new_tokens / hf_s, 1)
+        results[f"ours_tok_s_bs{batch}{suffix}"] = round(batch * new_tokens / ours_s, 1)
+        results[f"hf_tok_s_bs{batch}{suffix}"] = round(batch * new_tokens / hf_s, 1)
         # Greedy outputs agree unless a near-tie flips (reported, not asserted).
         same = sum(a == b for a, b in zip(ours_tokens, hf_tokens, strict=True))
-        agreement[batch] = f"{same}/{batch}"
+        agreement[f"{batch}{suffix}"] = f"{same}/{batch}"
     return results, agreement
 
 
@@ -140,7 +152,11 @@ def main(argv: list[str] | None = None) -> None:
         default="auto",
         help="our runtime's attention (auto: the C kernel on the CPU)",
     )
+    parser.add_argument(
+        "--dtypes", default="float32,float16,bfloat16", help="weight dtypes, one row each"
+    )
     args = parser.parse_args(argv)
+    dtypes = args.dtypes.split(",")
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -150,21 +166,31 @@ def main(argv: list[str] | None = None) -> None:
             model_path = found[0] if found else None
         if model_path is None:
             model_path = build_random_qwen3(Path(tmp) / "qwen3-20m")
-        results, agreement = bench(model_path, args.new_tokens, args.rounds, args.attention_backend)
+        results: dict[str, float] = {}
+        agreement: dict[str, str] = {}
+        for dtype in dtypes:
+            figures, same = bench(
+                model_path, args.new_tokens, args.rounds, args.attention_backend, dtype
+            )
+            results.update(figures)
+            agreement.update(same)
 
     if args.json:
         print(json.dumps(results))
         return
     print(
-        f"model: {model_path}  greedy, {args.new_tokens} new tokens, float32, auto KV, "
+        f"model: {model_path}  greedy, {args.new_tokens} new tokens, auto KV, "
         f"{args.attention_backend} attention, {args.threads} thread(s), best of {args.rounds} "
         f"alternating rounds"
     )
-    print(f"{'batch':>5} {'ours tok/s':>11} {'hf tok/s':>9} {'speed-up':>9}  same output")
-    for batch in (1, 8):
-        ours, hf = results[f"ours_tok_s_bs{batch}"], results[f"hf_tok_s_bs{batch}"]
-        same = agreement[batch]
-        print(f"{batch:>5} {ours:>11.1f} {hf:>9.1f} {ours / hf:>8.2f}x  {same}")
+    print(f"{'weights':>9} {'batch':>5} {'ours tok/s':>11} {'hf tok/s':>9} {'speed-up':>9}  same")
+    for dtype in dtypes:
+        suffix = "" if dtype == "float32" else f"_{dtype}"
+        for batch in (1, 8):
+            ours = results[f"ours_tok_s_bs{batch}{suffix}"]
+            hf = results[f"hf_tok_s_bs{batch}{suffix}"]
+            same = agreement[f"{batch}{suffix}"]
+            print(f"{dtype:>9} {batch:>5} {ours:>11.1f} {hf:>9.1f} {ours / hf:>8.2f}x  {same}")
 
 
 if __name__ == "__main__":

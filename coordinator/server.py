@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -408,6 +409,8 @@ def main(argv: list[str] | None = None) -> None:
     CoordinatorConfig.add_cli_args(parser)
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    # runtime.serving.GIL_SWITCH_INTERVAL_S says why; not imported, as it would bring torch.
+    sys.setswitchinterval(0.0005)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -59,9 +59,13 @@ class NativeBuildError(RuntimeError):
     """The C kernels could not be compiled or loaded here (no compiler, or it failed)."""
 
 
+def cache_root() -> Path:
+    """``$SPECDEC_CACHE_DIR``, default ``~/.cache/specdec``: what specdec builds, kept."""
+    return Path(os.environ.get("SPECDEC_CACHE_DIR") or Path.home() / ".cache" / "specdec")
+
+
 def cache_dir() -> Path:
-    default = Path.home() / ".cache" / "specdec"
-    return Path(os.environ.get("SPECDEC_CACHE_DIR") or default) / "native"
+    return cache_root() / "native"
 
 
 def build_library(compiler: str, folder: Path = CSRC) -> Path:

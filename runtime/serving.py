@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import signal
+import sys
 import time
 import typing
 from abc import ABC, abstractmethod
@@ -386,7 +387,21 @@ class ModelService:
 
     def main(self, argv: Sequence[str] | None = None) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        hand_over_the_gil_quickly()
         asyncio.run(self.serve(ServiceConfig.from_args(f"python -m {self.name}_service", argv)))
+
+
+# Every step a service's gRPC loop thread and its model thread (and, in the coordinator,
+# which sets the same, its loop and its clients' streams) hand the GIL to each other; at Python's
+# default 5 ms switch interval a thread asking for it can wait that long behind one
+# running bytecode. 0.5 ms took batch-1 target-only generation through the stack from
+# 140-151 to 163-177 tokens/s on the tiny pair here.
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
+def hand_over_the_gil_quickly() -> None:
+    """Set this process's GIL switch interval to GIL_SWITCH_INTERVAL_S (a service's main)."""
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
 
 async def run_until_signal(server: grpc.aio.Server, banner: str, grace_s: float) -> None:

@@ -23,10 +23,13 @@ from kernels.native import load_library
 _KINDS = {torch.float32: 0, torch.bfloat16: 1}
 _BYTE_TABLE = 2
 
-# Query rows per KV head (longest segment x GQA group) up to which the kernel beats the
-# gather + SDPA path: at 2 to 8 rows it took 0.4-1.2x the reference's time, at 16 rows
-# 0.95-1.3x (batch 8, 100 and 1000 cached tokens, one thread).
-NATIVE_MAX_ROWS = 12
+# Query rows per KV head (longest segment x GQA group) up to which the kernel takes the
+# step. Alone it took 0.4-1.2x the reference's time at 2 to 8 rows and 0.95-1.3x at 16
+# (batch 8, 100 and 1000 cached tokens, one thread); but a step it takes also runs all
+# layers in one C call (kernels.decoder_layers), and whole verify steps then took
+# 0.76-0.98x the time at 14 to 36 rows (tiny target at batch 8, 100 and 1000 cached
+# tokens; SmolLM2 at batch 4, 1000 cached tokens).
+NATIVE_MAX_ROWS = 36
 
 
 @dataclass(frozen=True)

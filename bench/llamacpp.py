@@ -1,0 +1,346 @@
+"""specdec against llama.cpp on the same weights, on this machine.
+
+    python bench/llamacpp.py [--json] [--rounds 3] [--new-tokens 128] [--k 6]
+
+1. Builds llama.cpp once from the ``llama-cpp-python`` sdist on the package index (its
+   vendored tree, unedited; cmake Release, ``-DGGML_NATIVE=ON -DLLAMA_CURL=OFF``, only the
+   tools used here, ``-j2``: about 15 minutes) into ``$SPECDEC_CACHE_DIR/llamacpp``.
+2. Converts the tiny pair to GGUF f32 and f16 with llama.cpp's ``convert_hf_to_gguf.py``,
+   from copies of the folders without the FP8 KV-scale tensors it has no name for; the
+   tiny tokenizer's pre-tokenizer is GPT-2's regex under a hash the converter does not
+   list, so a wrapper names it ``gpt-2`` when the converter finds no name.
+3. Checks that llama.cpp tokenises the held-out prompts as specdec does and continues
+   them greedily with the same text.
+4. Alternates llama.cpp and specdec rounds on the same prompts and prints the medians:
+   decode only (``llama-bench`` tg / specdec's runtime), target-only generation
+   (``llama-completion`` eval speed / the stack's target-only coordinator) and speculative
+   generation (``llama-speculative-simple`` / the stack), with 1 and 2 llama.cpp threads
+   and one thread per specdec service, f32 and f16 weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the packages, before this folder's runtime.py
+
+from coordinator.bench import measure  # noqa: E402
+from coordinator.config import SpeculativeConfig  # noqa: E402
+from coordinator.launcher import (  # noqa: E402
+    TINY_DRAFT,
+    TINY_TARGET,
+    Stack,
+    StackConfig,
+    held_out_prompts,  # noqa: E402
+)
+from kernels.native import cache_root  # noqa: E402
+
+SDIST = "llama-cpp-python==0.3.36"
+TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple", "llama-tokenize")
+DTYPES = {"f32": "float32", "f16": "float16"}  # GGUF outtype -> specdec --dtype
+NUM_PROMPTS = 4
+# Runs llama.cpp's converter unedited, naming an unlisted BPE pre-tokenizer "gpt-2".
+CONVERT = """
+import runpy, sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/gguf-py"]
+from conversion.base import TextModel
+listed = TextModel.get_vocab_base_pre
+def pre(self, tokenizer):
+    try:
+        return listed(self, tokenizer)
+    except NotImplementedError:
+        return "gpt-2"
+TextModel.get_vocab_base_pre = pre
+sys.argv = [sys.argv[1] + "/convert_hf_to_gguf.py", *sys.argv[2:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def run(argv: list, **kwargs) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, **kwargs)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, argv))} failed:\n{done.stderr[-3000:]}")
+    return done
+
+
+def build(home: Path) -> tuple[Path, Path]:
+    """(llama.cpp source tree, folder of its binaries), built unless already there."""
+    bin_dir = home / "build" / "bin"
+    sources = sorted(home.glob("llama_cpp_python-*/vendor/llama.cpp"))
+    if sources and all((bin_dir / tool).is_file() for tool in TOOLS):
+        return sources[-1], bin_dir
+    home.mkdir(parents=True, exist_ok=True)
+    print(f"building llama.cpp from {SDIST} in {home} (about 15 minutes)", file=sys.stderr)
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-binary",
+            ":all:",
+            "--no-deps",
+            SDIST,
+            "-d",
+            home,
+        ]
+    )
+    with tarfile.open(next(home.glob("llama_cpp_python-*.tar.gz"))) as archive:
+        archive.extractall(home, filter="data")
+    source = sorted(home.glob("llama_cpp_python-*/vendor/llama.cpp"))[-1]
+    run(
+        [
+            "cmake",
+            "-S",
+            source,
+            "-B",
+            home / "build",
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DGGML_NATIVE=ON",
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+        ]
+    )
+    run(["cmake", "--build", home / "build", "-j2", "--target", *TOOLS])
+    return source, bin_dir
+
+
+def convert(source: Path, model: Path, outtype: str, out_dir: Path) -> Path:
+    """``model`` as GGUF ``outtype``, converted once per checkpoint."""
+    from safetensors.torch import load_file, save_file
+
+    weights = model / "model.safetensors"
+    gguf = out_dir / f"{model.name}-{weights.stat().st_size}-{outtype}.gguf"
+    if gguf.is_file():
+        return gguf
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / model.name
+        shutil.copytree(model, copy, ignore=shutil.ignore_patterns("*.safetensors"))
+        tensors = load_file(weights)
+        kept = {k: v for k, v in tensors.items() if not k.endswith(("k_scale", "v_scale"))}
+        save_file(kept, copy / "model.safetensors", metadata={"format": "pt"})
+        run([sys.executable, "-c", CONVERT, source, copy, "--outtype", outtype, "--outfile", gguf])
+    return gguf
+
+
+def check_agreement(bin_dir: Path, gguf: Path, prompts: list[str], new_tokens: int) -> None:
+    """llama.cpp's token ids and greedy text equal specdec's (RuntimeError if not)."""
+    import torch
+
+    from runtime import ModelRunner, SequenceChunk
+    from runtime.loader import load_tokenizer
+
+    tokenizer = load_tokenizer(TINY_TARGET)
+    runner = ModelRunner.from_pretrained(TINY_TARGET, num_pages=64)
+    for i, prompt in enumerate(prompts):
+        ours = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        out = run(
+            [
+                bin_dir / "llama-tokenize",
+                "-m",
+                gguf,
+                "-p",
+                prompt,
+                "--ids",
+                "--no-bos",
+                "--log-disable",
+            ]
+        ).stdout
+        theirs = json.loads(out.strip().splitlines()[-1])
+        if theirs != ours:
+            raise RuntimeError(
+                f"prompt {i}: llama.cpp tokenises it as {theirs[:12]}..., we as {ours[:12]}..."
+            )
+        runner.open("check")
+        logits = runner.extend([SequenceChunk("check", ours)])[0]
+        greedy: list[int] = []
+        for _ in range(new_tokens):
+            greedy.append(int(torch.argmax(logits[-1])))
+            logits = runner.extend([SequenceChunk("check", greedy[-1:])])[0]
+        runner.release("check")
+        text = run(
+            [
+                bin_dir / "llama-completion",
+                "-m",
+                gguf,
+                "-p",
+                prompt,
+                "-n",
+                new_tokens,
+                "--temp",
+                "0",
+                "--ignore-eos",
+                "-no-cnv",
+                "--no-display-prompt",
+                "--simple-io",
+                "-t",
+                "1",
+                "--log-disable",
+            ]
+        ).stdout
+        if text.strip() != tokenizer.decode(greedy).strip():
+            raise RuntimeError(f"prompt {i}: llama.cpp's greedy text differs from ours")
+
+
+def llama_rates(bin_dir, target, draft, prompts, threads, new_tokens, k) -> dict[str, float]:
+    """llama.cpp's tokens/s: decode only, target-only and speculative generation (mean
+    over the prompts)."""
+    out = run(
+        [
+            bin_dir / "llama-bench",
+            "-m",
+            target,
+            "-t",
+            threads,
+            "-p",
+            0,
+            "-n",
+            new_tokens,
+            "-o",
+            "json",
+        ]
+    ).stdout
+    rates = {"decode": json.loads(out)[0]["avg_ts"]}
+    completion, spec = [], []
+    for prompt in prompts:
+        err = run(
+            [
+                bin_dir / "llama-completion",
+                "-m",
+                target,
+                "-p",
+                prompt,
+                "-n",
+                new_tokens,
+                "--temp",
+                "0",
+                "--ignore-eos",
+                "-no-cnv",
+                "--simple-io",
+                "-t",
+                threads,
+            ]
+        ).stderr
+        completion.append(float(re.findall(r"eval time =.*?([\d.]+) tokens per second", err)[-1]))
+        err = run(
+            [
+                bin_dir / "llama-speculative-simple",
+                "-m",
+                target,
+                "-md",
+                draft,
+                "-p",
+                prompt,
+                "-n",
+                new_tokens,
+                "--temp",
+                "0",
+                "--draft-max",
+                k,
+                "--draft-min",
+                0,
+                "-t",
+                threads,
+                "-td",
+                threads,
+            ]
+        ).stderr
+        spec.append(float(re.search(r"decoded .* speed:\s*([\d.]+) t/s", err).group(1)))
+    rates["target_only"] = statistics.mean(completion)
+    rates["spec"] = statistics.mean(spec)
+    return rates
+
+
+def specdec_rates(dtype: str, new_tokens: int, k: int) -> dict[str, float]:
+    """specdec's tokens/s: the runtime's decode, and batch-1 target-only and speculative
+    generation through the stack (one thread per service)."""
+    spec_bench = importlib.util.spec_from_file_location("bench_runtime", ROOT / "bench/runtime.py")
+    bench_runtime = importlib.util.module_from_spec(spec_bench)
+    spec_bench.loader.exec_module(bench_runtime)
+    from runtime import ModelRunner
+
+    runner = ModelRunner.from_pretrained(TINY_TARGET, num_pages=64, dtype=dtype)
+    bench_runtime.run_ours(runner, 1, 4)
+    seconds, _ = bench_runtime.run_ours(runner, 1, new_tokens)
+    speculative = json.dumps({"num_speculative_tokens": k})
+    config = StackConfig(
+        target_model=str(TINY_TARGET),
+        draft_model=str(TINY_DRAFT),
+        dtype=dtype,
+        speculative_config=speculative,
+        with_baseline=True,
+    )
+    with Stack(config) as stack:
+        report, _ = measure(stack, SpeculativeConfig.from_json(speculative), [1], new_tokens)
+    row = report["1"]
+    return {
+        "decode": new_tokens / seconds,
+        "target_only": row["target_only_tok_s"],
+        "spec": row["spec_tok_s"],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; medians")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--k", type=int, default=6, help="draft tokens per step, both engines")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    home = cache_root() / "llamacpp"
+    source, bin_dir = build(home)
+    prompts = held_out_prompts(str(TINY_TARGET), NUM_PROMPTS)
+    ggufs = {
+        (name, outtype): convert(source, model, outtype, home)
+        for name, model in (("target", TINY_TARGET), ("draft", TINY_DRAFT))
+        for outtype in DTYPES
+    }
+    check_agreement(bin_dir, ggufs["target", "f32"], prompts, 32)
+    samples: dict[str, list[float]] = {}
+    for _ in range(args.rounds):
+        for outtype, dtype in DTYPES.items():
+            target, draft = ggufs["target", outtype], ggufs["draft", outtype]
+            for threads in (1, 2):
+                rates = llama_rates(
+                    bin_dir, target, draft, prompts, threads, args.new_tokens, args.k
+                )
+                for kind, rate in rates.items():
+                    samples.setdefault(f"llamacpp_{kind}_{outtype}_t{threads}", []).append(rate)
+            for kind, rate in specdec_rates(dtype, args.new_tokens, args.k).items():
+                samples.setdefault(f"specdec_{kind}_{outtype}", []).append(rate)
+    figures = {key: round(statistics.median(v), 1) for key, v in samples.items()}
+    if args.json:
+        print(json.dumps(figures))
+        return
+    print(
+        f"tiny pair, greedy, {args.new_tokens} new tokens, K = {args.k}, "
+        f"{len(prompts)} held-out prompts, medians of {args.rounds} alternating rounds, tok/s"
+    )
+    print(f"{'':34} {'llama.cpp 1 thread':>18} {'llama.cpp 2 threads':>19} {'specdec':>8}")
+    for kind, label in (
+        ("decode", "decode only, target"),
+        ("target_only", "target-only generation"),
+        ("spec", "speculative generation"),
+    ):
+        for outtype in DTYPES:
+            one, two = (figures[f"llamacpp_{kind}_{outtype}_t{t}"] for t in (1, 2))
+            ours = figures[f"specdec_{kind}_{outtype}"]
+            print(f"{label + ', ' + outtype:34} {one:>18.1f} {two:>19.1f} {ours:>8.1f}")
+
+
+if __name__ == "__main__":
+    main()
