@@ -72,12 +72,26 @@ def measure(stack: Stack, spec: SpeculativeConfig, batch_sizes: list[int], new_t
             outs += [o for _, batch in spec_runs for o in batch]
         drafts = sum(o.stats["num_drafts"] for o in outs)
         accepted = sum(o.stats["num_accepted_tokens"] for o in outs)
+        per_position = [0] * spec.k_for_batch_size(bs)
+        for o in outs:
+            for i, count in enumerate(o.stats["accepted_per_position"]):
+                per_position[i] += count
         report[str(bs)] = {
             "k": spec.k_for_batch_size(bs),
             "target_only_tok_s": round(max(base_rates), 2),
             "spec_tok_s": round(max(spec_rates), 2),
             "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else 1.0,
+            "acceptance_per_position": [round(n / drafts, 3) for n in per_position]
+            if drafts
+            else [],
         }
+        row = report[str(bs)]
+        print(
+            f"bench: batch {bs} done ({len(report)}/{len(batch_sizes)}): "
+            f"{row['spec_tok_s']:.1f} vs {row['target_only_tok_s']:.1f} tok/s",
+            file=sys.stderr,
+            flush=True,
+        )
     return report, overhead
 
 
@@ -112,6 +126,10 @@ def run_bench(config: StackConfig, args: argparse.Namespace) -> int:
         "hf_target_only_tok_s_bs1": hf.get("hf_target_only_tok_s_bs1"),
         "overhead_share_bs1": None if overhead is None else round(overhead, 3),
     }
+    if args.plot:
+        from coordinator.bench_plot import plot_bench
+
+        plot_bench(batch, args.plot)
     if args.json:
         print(json.dumps(result))
         return 0

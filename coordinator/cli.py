@@ -177,6 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-sizes", default="1,4,16")
     bench.add_argument("--no-hf", action="store_true", help="skip the transformers baselines")
     bench.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw tok/s by batch size and acceptance (matplotlib)",
+    )
+    bench.add_argument(
         "--gateway", action="store_true", help="also compare direct gRPC with the OpenAI gateway"
     )
     bench.set_defaults(func=cmd_bench)
