@@ -8,7 +8,8 @@
 2. Converts the tiny pair to GGUF f32 and f16 with llama.cpp's ``convert_hf_to_gguf.py``,
    from copies of the folders without the FP8 KV-scale tensors it has no name for; the
    tiny tokenizer's pre-tokenizer is GPT-2's regex under a hash the converter does not
-   list, so a wrapper names it ``gpt-2`` when the converter finds no name.
+   list, so a wrapper names it ``gpt-2`` when the converter finds no name. The converter
+   imports ``sentencepiece`` (``pip install sentencepiece``) even for BPE tokenizers.
 3. Checks that llama.cpp tokenises the held-out prompts as specdec does and continues
    them greedily with the same text.
 4. Alternates llama.cpp and specdec rounds on the same prompts and prints the medians:
@@ -130,6 +131,8 @@ def convert(source: Path, model: Path, outtype: str, out_dir: Path) -> Path:
     gguf = out_dir / f"{model.name}-{weights.stat().st_size}-{outtype}.gguf"
     if gguf.is_file():
         return gguf
+    if importlib.util.find_spec("sentencepiece") is None:
+        raise RuntimeError("llama.cpp's converter needs sentencepiece: pip install sentencepiece")
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / model.name
         shutil.copytree(model, copy, ignore=shutil.ignore_patterns("*.safetensors"))

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from hf_generate import timed_greedy  # noqa: E402 (beside this file)
 
 from coordinator.launcher import REAL_TARGET, TINY_TARGET  # noqa: E402
+from kernels import dense_ops  # noqa: E402
 from kernels.attention import ATTENTION_BACKENDS  # noqa: E402
 from runtime import ModelRunner, SequenceChunk  # noqa: E402
 
@@ -143,8 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         "--threads",
         type=int,
         default=1,
-        help="torch intra-op threads for both engines (1: on a small shared machine more "
-        "threads stall each other far more than they help)",
+        help="threads for both engines: torch's intra-op threads, and our C kernels' pool",
     )
     parser.add_argument(
         "--attention-backend",
@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     dtypes = args.dtypes.split(",")
     torch.set_num_threads(args.threads)
+    dense_ops.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
         model_path = args.model

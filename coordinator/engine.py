@@ -365,7 +365,7 @@ class Engine:
             if result is None:
                 continue
             request.stats.num_steps += 1
-            num_proposed = len(proposals.get(request.request_id, ((), b""))[0])
+            num_proposed = len(proposals.get(request.request_id, ((), ()))[0])
             num_accepted = min(result.num_accepted, num_proposed)
             request.stats.observe_draft(num_proposed, num_accepted)
             self.totals.observe_draft(num_proposed, num_accepted)

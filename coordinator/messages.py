@@ -10,8 +10,8 @@ from protos.specdec.v1 import common_pb2, draft_pb2, target_pb2
 
 logger = logging.getLogger(__name__)
 
-# request id -> (proposed token ids, draft probs: float32 [len(ids), vocab] or b"" when greedy)
-Proposals = dict[str, tuple[list[int], bytes]]
+# request id -> (proposed token ids, the draft distribution of each; [] when greedy)
+Proposals = dict[str, tuple[list[int], list[common_pb2.SparseProbs]]]
 
 
 def sampling_pb(s: SamplingParams) -> common_pb2.SamplingParams:
@@ -62,13 +62,12 @@ def valid_proposals(
         if any(t >= vocab_size for t in ids):
             logger.error("draft proposed a token id >= vocab for %s", proposal.request_id)
             continue
-        probs = b""
+        probs: list[common_pb2.SparseProbs] = []
         if not entry.request.sampling.greedy and ids:
-            size = len(ids) * vocab_size * 4
-            if len(proposal.draft_probs) < size:
+            if len(proposal.draft_probs) < len(ids):
                 logger.error("draft sent no probs for sampled %s", proposal.request_id)
                 continue
-            probs = proposal.draft_probs[:size]
+            probs = list(proposal.draft_probs[: len(ids)])
         out[proposal.request_id] = (ids, probs)
     return out
 
@@ -88,7 +87,7 @@ def verify_request(plan: StepPlan, proposals: Proposals) -> target_pb2.VerifyReq
         )
     for entry in plan.decodes:
         request = entry.request
-        ids, probs = proposals.get(request.request_id, ([], b""))
+        ids, probs = proposals.get(request.request_id, ([], []))
         message.decode.append(
             target_pb2.VerifyEntry(
                 request_id=request.request_id,

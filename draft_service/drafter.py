@@ -11,7 +11,7 @@ import torch
 
 from kernels.paged_kv_cache import OutOfPagesError
 from kernels.random_stream import DRAFT_DOMAIN, PROPOSE_DRAW, RandomStream
-from kernels.sampling import sample_token
+from kernels.sampling import SparseProbs
 from runtime.kv_scales import KVScaleTable
 from runtime.model_runner import ModelRunner
 from runtime.sampling import Sampling
@@ -51,7 +51,7 @@ class DraftStep:
 class Proposal:
     request_id: str
     token_ids: list[int]
-    draft_probs: torch.Tensor | None  # float32 [K, vocab] when sampling, else None
+    draft_probs: list[SparseProbs] | None  # q of each proposed token when sampling
 
 
 @dataclass(frozen=True)
@@ -63,16 +63,19 @@ class DraftStepResult:
 
 @dataclass
 class _Sequence:
-    """What the draft holds for one request: KV = committed tokens + ``tail``.
+    """What the draft holds for one request: KV = committed tokens - ``pending`` + ``tail``.
 
     ``tail`` are the draft's own proposals it fed itself (KV cached past the committed
-    length); the next ingest keeps the part of it the coordinator committed.
+    length); the next ingest keeps the part of it the coordinator committed. ``pending``
+    are the last committed tokens whose KV is not computed yet (ingested at K = 0 steps:
+    the next proposal computes them first; never both a tail and pending tokens).
     """
 
     kv_version: int
     num_committed: int = 0
     last_token: int = -1
     tail: list[int] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)
     stream: RandomStream | None = None  # the draft's own draws, made on the first sampled step
 
 
@@ -84,6 +87,7 @@ class _Work:
     committed: tuple[int, ...] = ()  # tokens the plan adds to the committed log
     keep: int = 0  # KV length to truncate to before the ingest forward
     feed: list[int] = field(default_factory=list)  # tokens of the ingest forward
+    pending: list[int] = field(default_factory=list)  # committed, KV left for later
     num_tokens: int = 0  # K (0: ingest only)
     sampling: Sampling = Sampling()
     opens: bool = False
@@ -92,13 +96,19 @@ class _Work:
 class Drafter:
     """Keeps one draft KV cache per request in sync with the committed log; proposes.
 
-    Invariants: for every held request, the runner holds ``num_committed + len(tail)``
-    tokens; a refused step changes nothing; all ingests of a step are one ``extend``, and
-    each further proposal position is one ``extend`` over every request still proposing.
+    Invariants: for every held request, the runner holds ``num_committed - len(pending) +
+    len(tail)`` tokens; a refused step changes nothing; all ingests of a step are one
+    ``extend``, and each further proposal position is one ``extend`` over every request
+    still proposing.
+
+    ``lazy_ingest``: a request that only ingests this step (K = 0) runs no forward; its
+    tokens wait in ``pending`` and go into the ingest forward of its next proposal step (a
+    request that finishes first never costs one). Its proposals are those of eager ingest.
     """
 
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: ModelRunner, lazy_ingest: bool = True) -> None:
         self.runner = runner
+        self.lazy_ingest = lazy_ingest
         self._seqs: dict[str, _Sequence] = {}
         self._tables: dict[int, KVScaleTable] = {runner.kv_scales.version: runner.kv_scales}
         self.num_steps = 0
@@ -252,13 +262,19 @@ class Drafter:
             )
 
     def _decide_feed(self, w: _Work) -> None:
-        """Keep the speculative tail's prefix that matches the newly committed tokens."""
+        """Keep the speculative tail's prefix that matches the newly committed tokens; feed
+        the pending and new committed tokens now, or (lazy, K = 0) leave them pending."""
         seq = self._seqs.get(w.request_id)
-        held, tail = (seq.num_committed, seq.tail) if seq else (0, [])
+        held, tail, pending = (seq.num_committed, seq.tail, seq.pending) if seq else (0, [], [])
         matched = 0
         while matched < min(len(tail), len(w.committed)) and tail[matched] == w.committed[matched]:
             matched += 1
-        w.keep, w.feed = held + matched, list(w.committed[matched:])
+        w.keep = held - len(pending) + matched
+        unfed = [*pending, *w.committed[matched:]]
+        if self.lazy_ingest and not w.num_tokens:
+            w.pending = unfed
+            return
+        w.feed = unfed
         if w.num_tokens and not w.feed:
             # Nothing new to feed, yet the first proposal needs the logits at the last
             # committed token: drop it from the KV and feed it again.
@@ -290,7 +306,7 @@ class Drafter:
         chunks = [SequenceChunk(w.request_id, w.feed, int(w.num_tokens > 0)) for w in work.values()]
         chunks = [c for c in chunks if c.token_ids]
         try:
-            logits = self.runner.extend(chunks)
+            logits = self.runner.extend(chunks) if chunks else []
         except BaseException:
             # Pages were checked up front, so this is unexpected; a truncated sequence can
             # not be restored, so drop them all and let the coordinator re-sync them.
@@ -302,12 +318,13 @@ class Drafter:
             if w.committed:
                 seq.last_token = w.committed[-1]
             seq.tail = []
+            seq.pending = w.pending
             seq.kv_version = version
         return {c.seq_id: out for c, out in zip(chunks, logits, strict=True) if c.num_logits}
 
     def _propose(self, work: list[_Work], first: dict[str, torch.Tensor]) -> list[Proposal]:
         tokens: dict[str, list[int]] = {w.request_id: [] for w in work}
-        probs: dict[str, list[torch.Tensor]] = {w.request_id: [] for w in work}
+        probs: dict[str, list[SparseProbs]] = {w.request_id: [] for w in work}
         logits = first
         for position in range(max((w.num_tokens for w in work), default=0)):
             active = [w for w in work if w.num_tokens > position]
@@ -326,21 +343,23 @@ class Drafter:
             Proposal(
                 w.request_id,
                 tokens[w.request_id],
-                torch.stack(probs[w.request_id]) if probs[w.request_id] else None,
+                probs[w.request_id] or None,
             )
             for w in work
         ]
 
-    def _pick(self, w: _Work, logits: torch.Tensor, index: int) -> tuple[int, torch.Tensor | None]:
-        """Greedy: argmax. Sampling: a draw from q and q itself; the draw is keyed by the
-        proposal's absolute position, so a draft rebuilt from the log proposes the same."""
+    def _pick(self, w: _Work, logits: torch.Tensor, index: int) -> tuple[int, SparseProbs | None]:
+        """Greedy: argmax. Sampling: a draw from q and q itself, q being the request's
+        distribution cut to its MAX_DRAFT_SUPPORT likeliest tokens (what travels); the draw
+        is keyed by the proposal's absolute position, so a draft rebuilt from the log
+        proposes the same."""
         if w.sampling.greedy:
             return int(logits[-1].argmax()), None
         seq = self._seqs[w.request_id]
         if seq.stream is None:
             seq.stream = w.sampling.random_stream(DRAFT_DOMAIN)
-        q = w.sampling.probs(logits[-1:])[0]
-        return sample_token(q, seq.stream.uniform(seq.num_committed + index, PROPOSE_DRAW)), q
+        q = SparseProbs.of(w.sampling.probs(logits[-1:])[0])
+        return q.sample(seq.stream.uniform(seq.num_committed + index, PROPOSE_DRAW)), q
 
 
 def _attempt(failed: dict[str, Exception], rid: str, check, *args) -> bool:

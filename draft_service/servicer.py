@@ -50,10 +50,10 @@ def result_to_proto(result: DraftStepResult) -> draft_pb2.DraftStepResponse:
             draft_pb2.Proposal(
                 request_id=p.request_id,
                 token_ids=p.token_ids,
-                # float32 little-endian, row-major [K, vocab]
-                draft_probs=b""
-                if p.draft_probs is None
-                else p.draft_probs.to("cpu").contiguous().numpy().astype("<f4").tobytes(),
+                draft_probs=[
+                    common_pb2.SparseProbs(token_ids=q.token_ids.tolist(), probs=q.probs.tolist())
+                    for q in p.draft_probs or ()
+                ],
             )
             for p in result.proposals
         ],

@@ -36,6 +36,14 @@ def library_loads() -> bool:
     return True
 
 
+def set_num_threads(num_threads: int) -> int:
+    """Threads the linears split their column blocks over (the caller's included; results
+    do not depend on it). Returns the count in effect; 1 where the kernels do not build."""
+    if not library_loads():
+        return 1
+    return load_library().specdec_set_num_threads(num_threads)
+
+
 def available(x: torch.Tensor) -> bool:
     """True when ``x`` is float32 on the CPU and the kernels are built."""
     return x.dtype == torch.float32 and x.device.type == "cpu" and library_loads()

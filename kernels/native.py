@@ -5,7 +5,8 @@ built where they run (as FlashInfer and Triton JIT-compile theirs) rather than a
 time, into one shared library loaded with ``ctypes``. It is cached under
 ``$SPECDEC_CACHE_DIR`` (default ``~/.cache/specdec``), keyed by a hash of the sources, the
 compiler and the flags; ``CC`` picks the compiler (default ``cc``). Function
-multiversioning in the sources selects AVX-512, AVX2 or baseline code for the CPU.
+multiversioning in the sources selects AVX-512, AVX2 or baseline code for the CPU; a small
+thread pool (``csrc/threads.c``, ``dense_ops.set_num_threads``) splits the linears.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ SIGNATURES: dict[str, list[type]] = {
         for name in ("specdec_linear", "specdec_linear_bf16", "specdec_linear_f16")
     },
     "specdec_decoder_layers": [_P, _I32, _P, _P, _P],
+    "specdec_set_num_threads": [_I32],
 }
-RETURNS_STATUS = {"specdec_paged_attention", "specdec_decoder_layers"}
+RETURNS_STATUS = {"specdec_paged_attention", "specdec_decoder_layers", "specdec_set_num_threads"}
 
 
 class NativeBuildError(RuntimeError):
@@ -89,7 +91,7 @@ def build_library(compiler: str, folder: Path = CSRC) -> Path:
             [compiler, *CFLAGS, "-c", str(src), "-o", obj]
             for src, obj in zip(sources, objects, strict=True)
         ]
-        commands.append([compiler, "-shared", *objects, "-o", partial, "-lm"])
+        commands.append([compiler, "-shared", "-pthread", *objects, "-o", partial, "-lm"])
         for command in commands:
             result = subprocess.run(command, capture_output=True, text=True, check=False)
             if result.returncode != 0:

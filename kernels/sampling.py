@@ -1,6 +1,9 @@
-"""Logits to sampling probabilities (temperature, top-k, top-p), always in float32."""
+"""Logits to sampling probabilities (temperature, top-k, top-p), always in float32; a draft's
+compact distribution (``SparseProbs``)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -54,3 +57,38 @@ def sample_token(probs: torch.Tensor, u: float) -> int:
     if index >= probs.shape[-1]:  # u * total rounded up to total: the last token with mass
         index = int(torch.nonzero(probs > 0)[-1])
     return index
+
+
+# Tokens a draft distribution keeps (its most likely ones): at a 49k vocabulary an entry
+# takes at most 7 bytes on the wire (a 3-byte id varint, a float32), so a proposed token's
+# q stays under 16 KB where the dense row takes 196 KB.
+MAX_DRAFT_SUPPORT = 2048
+
+
+@dataclass(frozen=True)
+class SparseProbs:
+    """A distribution over part of the vocabulary: ``probs[i]`` at ``token_ids[i]`` (int64,
+    ascending), 0 elsewhere; ``probs`` float32, summing to 1."""
+
+    token_ids: torch.Tensor
+    probs: torch.Tensor
+
+    @classmethod
+    def of(cls, q: torch.Tensor, max_support: int = MAX_DRAFT_SUPPORT) -> SparseProbs:
+        """``q [V]`` cut to its ``max_support`` most likely tokens (all with mass when
+        fewer), renormalised."""
+        support = torch.nonzero(q > 0).flatten()
+        if support.numel() > max_support:
+            support = torch.sort(torch.topk(q, max_support).indices).values
+        kept = q[support].to(torch.float64)
+        return cls(support, (kept / kept.sum()).to(torch.float32))
+
+    def sample(self, u: float) -> int:
+        """The token ``sample_token`` draws with ``u`` from this distribution."""
+        return int(self.token_ids[sample_token(self.probs, u)])
+
+    def dense(self, vocab_size: int) -> torch.Tensor:
+        """float32 ``[vocab_size]``."""
+        return torch.zeros(vocab_size, dtype=torch.float32).index_copy_(
+            0, self.token_ids, self.probs
+        )

@@ -31,6 +31,7 @@ from grpc_reflection.v1alpha import reflection
 
 from auth import INTERNAL_TOKEN_ENV, OWNER_KEY, BearerTokenServerInterceptor
 from auth.tls import TLSFiles
+from kernels import dense_ops
 from kernels.attention import ATTENTION_BACKENDS
 from kernels.fp8 import KV_CACHE_DTYPES
 from kernels.paged_kv_cache import OutOfPagesError
@@ -88,7 +89,8 @@ class ServiceConfig:
     )
     grace_s: float = field(default=5.0, metadata={"help": "drain time on SIGTERM"})
     num_threads: int = field(
-        default=0, metadata={"help": "torch intra-op threads for model work (0: all cores)"}
+        default=0,
+        metadata={"help": "threads for model work, torch's and the C kernels' (0: all cores)"},
     )
     tls_cert: str = field(default="", metadata={"help": "PEM certificate: serve TLS"})
     tls_key: str = field(default="", metadata={"help": "PEM private key of --tls-cert"})
@@ -205,8 +207,9 @@ def load_runner(config: ServiceConfig) -> ModelRunner:
     Runs on the executor thread, the one that does all model work, so the thread count set
     here is the one the forwards use.
     """
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
+    threads = config.num_threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    dense_ops.set_num_threads(threads)
     runner = ModelRunner(config.runtime_config())
     seq = "\x00warmup"
     runner.open(seq)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 import torch
 
+from kernels.sampling import SparseProbs
 from protos.specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
 from runtime.sampling import Sampling
 from runtime.serving import InvalidRequestError, ModelServicer, model_info, status_code_for
@@ -25,21 +26,15 @@ def entry_from_proto(msg: target_pb2.VerifyEntry) -> VerifyEntry:
         msg.start_position,
         msg.last_token_id,
         tuple(msg.proposal_ids),
-        probs_from_bytes(msg.draft_probs, msg.request_id),
+        tuple(probs_from_proto(q) for q in msg.draft_probs) or None,
         Sampling.from_proto(msg.sampling, msg.request_id),
     )
 
 
-def probs_from_bytes(data: bytes, request_id: str) -> torch.Tensor | None:
-    """Float32 little-endian values, as ``Proposal.draft_probs``; None when empty."""
-    if not data:
-        return None
-    if len(data) % 4:
-        raise InvalidRequestError(
-            f"request {request_id}: draft_probs has {len(data)} bytes, not a whole number "
-            f"of float32 values"
-        )
-    return torch.frombuffer(bytearray(data), dtype=torch.float32)
+def probs_from_proto(msg: common_pb2.SparseProbs) -> SparseProbs:
+    """As sent; ``Verifier`` checks the values against its vocabulary."""
+    token_ids = torch.tensor(msg.token_ids, dtype=torch.int64)
+    return SparseProbs(token_ids, torch.tensor(msg.probs, dtype=torch.float32))
 
 
 def _convert(messages, from_proto, failed: dict[str, Exception]) -> list:

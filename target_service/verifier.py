@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.random_stream import SAMPLE_DRAW, TARGET_DOMAIN, RandomStream
-from kernels.sampling import sample_token
+from kernels.sampling import SparseProbs, sample_token
 from kernels.verify import chain_speculative_sampling, verify_greedy
 from runtime.model_runner import ModelRunner
 from runtime.sampling import Sampling
@@ -37,7 +37,7 @@ class VerifyEntry:
     start_position: int
     last_token_id: int
     proposal_ids: tuple[int, ...] = ()
-    draft_probs: torch.Tensor | None = None  # float32, K * vocab values; needed when sampling
+    draft_probs: tuple[SparseProbs, ...] | None = None  # one per proposal; needed when sampling
     sampling: Sampling = Sampling()
 
 
@@ -187,15 +187,14 @@ class Verifier:
             raise InvalidRequestError(
                 f"request {rid}: {held} tokens + 1 + K={k} exceed max_model_len={max_len}"
             )
-        expected = k * self.runner.vocab_size
-        got = 0 if e.draft_probs is None else e.draft_probs.numel()
-        if not e.sampling.greedy and k and got != expected:
+        got = 0 if e.draft_probs is None else len(e.draft_probs)
+        if not e.sampling.greedy and k and got != k:
             raise InvalidRequestError(
-                f"request {rid}: draft_probs holds {got} floats, expected K x vocab = "
-                f"{k} x {self.runner.vocab_size} = {expected} (float32, {expected * 4} bytes)"
+                f"request {rid}: draft_probs holds {got} distributions, expected one per "
+                f"proposal (K = {k})"
             )
         if not e.sampling.greedy and k:
-            _check_draft_probs(rid, e.draft_probs.view(k, -1), e.proposal_ids)
+            _check_draft_probs(rid, e.draft_probs, e.proposal_ids, self.runner.vocab_size)
 
     def _held(self, rid: str) -> int:
         return self.runner.seq_len(rid) if rid in self._streams else 0
@@ -230,7 +229,7 @@ class Verifier:
             if e.draft_probs is None or not proposals:
                 q = logits.new_empty(0, vocab)
             else:
-                q = e.draft_probs.view(len(proposals), vocab).to(logits.device)
+                q = torch.stack([d.dense(vocab) for d in e.draft_probs]).to(logits.device)
             p = e.sampling.probs(logits)
             # Row i decides the token at start_position + 1 + i; K = 0 is a plain sample.
             emitted, accepted = chain_speculative_sampling(
@@ -241,9 +240,26 @@ class Verifier:
         return VerifyResult(e.request_id, emitted, accepted, self.runner.seq_len(e.request_id))
 
 
-def _check_draft_probs(rid: str, q: torch.Tensor, proposals: tuple[int, ...]) -> None:
+def _check_draft_probs(
+    rid: str, rows: tuple[SparseProbs, ...], proposals: tuple[int, ...], vocab: int
+) -> None:
     """Rejection sampling is exact only for the distributions the proposals were drawn
-    from: each row a probability vector that gives its proposal a positive probability."""
+    from: each a probability vector over distinct in-vocabulary ids that gives its proposal
+    a positive probability."""
+    for i, row in enumerate(rows):
+        ids = row.token_ids
+        if ids.shape != row.probs.shape:
+            raise InvalidRequestError(
+                f"request {rid}: draft_probs {i} has {ids.numel()} token ids and "
+                f"{row.probs.numel()} probs"
+            )
+        if ids.numel() and not (int(ids.min()) >= 0 and int(ids.max()) < vocab):
+            raise InvalidRequestError(
+                f"request {rid}: draft_probs {i} names a token id outside [0, {vocab})"
+            )
+        if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
+            raise InvalidRequestError(f"request {rid}: draft_probs {i} token ids must ascend")
+    q = torch.stack([row.dense(vocab) for row in rows])
     if not bool(torch.isfinite(q).all()) or bool((q < 0).any()):
         raise InvalidRequestError(f"request {rid}: draft_probs must be finite and >= 0")
     sums = q.sum(-1, dtype=torch.float64)

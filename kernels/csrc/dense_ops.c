@@ -141,17 +141,28 @@ static inline __attribute__((always_inline)) void linear_tile(
     for (int m = 0; m < rows; ++m) memcpy(y + m * ldy, acc[m], sizeof acc[m]);
 }
 
+/* Everything a linear's column blocks need: one share of them per pool thread. */
+struct linear_args {
+    const float *x, *bias, *residual;
+    const void *packed;
+    float *y;
+    int64_t ldx, ldr, M;
+    int K, N;
+};
+
 SPECDEC_CLONES
-void specdec_linear(const float *x, int64_t ldx, const float *packed, const float *bias,
-                    const float *residual, int64_t ldr, float *y, int64_t M, int K, int N) {
-    for (int n0 = 0; n0 < N; n0 += LINEAR_COLS) {
-        const float *block = packed + (int64_t)n0 * K;
-        for (int64_t m0 = 0; m0 < M; m0 += LINEAR_ROWS) {
-            const int64_t rows = M - m0 < LINEAR_ROWS ? M - m0 : LINEAR_ROWS;
-            const float *xr = x + m0 * ldx;
-            const float *b = bias ? bias + n0 : NULL;
-            const float *res = residual ? residual + m0 * ldr + n0 : NULL;
-            float *yr = y + m0 * N + n0;
+static void linear_blocks(void *ctx, int64_t first, int64_t end) {
+    const struct linear_args *a = ctx;
+    const int K = a->K, N = a->N;
+    for (int64_t n0 = first * LINEAR_COLS; n0 < end * LINEAR_COLS; n0 += LINEAR_COLS) {
+        const float *block = (const float *)a->packed + n0 * K;
+        for (int64_t m0 = 0; m0 < a->M; m0 += LINEAR_ROWS) {
+            const int64_t rows = a->M - m0 < LINEAR_ROWS ? a->M - m0 : LINEAR_ROWS;
+            const float *xr = a->x + m0 * a->ldx;
+            const float *b = a->bias ? a->bias + n0 : NULL;
+            const float *res = a->residual ? a->residual + m0 * a->ldr + n0 : NULL;
+            float *yr = a->y + m0 * N + n0;
+            const int64_t ldx = a->ldx, ldr = a->ldr;
             /* Constant row counts, so each tile's sums live in registers. */
             switch (rows) {
             case 4: linear_tile(4, xr, ldx, block, b, res, ldr, yr, N, K); break;
@@ -161,6 +172,12 @@ void specdec_linear(const float *x, int64_t ldx, const float *packed, const floa
             }
         }
     }
+}
+
+void specdec_linear(const float *x, int64_t ldx, const float *packed, const float *bias,
+                    const float *residual, int64_t ldr, float *y, int64_t M, int K, int N) {
+    struct linear_args a = {x, bias, residual, packed, y, ldx, ldr, M, K, N};
+    specdec_parallel_for(N / LINEAR_COLS, linear_blocks, &a);
 }
 
 /* The same linear over 16-bit weights (bfloat16 or IEEE float16), packed alike: each
@@ -212,17 +229,18 @@ static inline float widen_f16(uint16_t bits) {
         for (int m = 0; m < rows; ++m) memcpy(y + m * ldy, acc[m], sizeof acc[m]);              \
     }                                                                                           \
     ATTRIBUTES TARGET                                                                           \
-    void specdec_linear_##SUFFIX(const float *x, int64_t ldx, const void *packed,               \
-                                 const float *bias, const float *residual, int64_t ldr,         \
-                                 float *y, int64_t M, int K, int N) {                           \
-        for (int n0 = 0; n0 < N; n0 += LINEAR_COLS) {                                           \
-            const WTYPE *block = (const WTYPE *)packed + (int64_t)n0 * K;                       \
-            for (int64_t m0 = 0; m0 < M; m0 += LINEAR_ROWS) {                                   \
-                const int64_t rows = M - m0 < LINEAR_ROWS ? M - m0 : LINEAR_ROWS;               \
-                const float *xr = x + m0 * ldx;                                                 \
-                const float *b = bias ? bias + n0 : NULL;                                       \
-                const float *res = residual ? residual + m0 * ldr + n0 : NULL;                  \
-                float *yr = y + m0 * N + n0;                                                    \
+    void linear_blocks_##SUFFIX(void *ctx, int64_t first, int64_t end) {                        \
+        const struct linear_args *a = ctx;                                                      \
+        const int K = a->K, N = a->N;                                                           \
+        for (int64_t n0 = first * LINEAR_COLS; n0 < end * LINEAR_COLS; n0 += LINEAR_COLS) {    \
+            const WTYPE *block = (const WTYPE *)a->packed + n0 * K;                             \
+            for (int64_t m0 = 0; m0 < a->M; m0 += LINEAR_ROWS) {                                \
+                const int64_t rows = a->M - m0 < LINEAR_ROWS ? a->M - m0 : LINEAR_ROWS;         \
+                const float *xr = a->x + m0 * a->ldx;                                           \
+                const float *b = a->bias ? a->bias + n0 : NULL;                                 \
+                const float *res = a->residual ? a->residual + m0 * a->ldr + n0 : NULL;         \
+                float *yr = a->y + m0 * N + n0;                                                 \
+                const int64_t ldx = a->ldx, ldr = a->ldr;                                       \
                 switch (rows) {                                                                 \
                 case 4: linear_tile_##SUFFIX(4, xr, ldx, block, b, res, ldr, yr, N, K); break;  \
                 case 3: linear_tile_##SUFFIX(3, xr, ldx, block, b, res, ldr, yr, N, K); break;  \
@@ -240,7 +258,7 @@ static inline float widen_f16(uint16_t bits) {
 static inline __attribute__((always_inline)) void widen_row_bf16 WIDEN_ROW(widen_bf16)
 static inline __attribute__((always_inline)) void widen_row_f16 WIDEN_ROW(widen_f16)
 
-LINEAR_16(bf16, SPECDEC_CLONES, , uint16_t, widen_row_bf16)
+LINEAR_16(bf16, static SPECDEC_CLONES, , uint16_t, widen_row_bf16)
 LINEAR_16(f16_generic, static, , uint16_t, widen_row_f16)
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -254,17 +272,24 @@ static inline __attribute__((always_inline)) F16C void widen_row_f16c(
 }
 LINEAR_16(f16c, static, F16C, uint16_t, widen_row_f16c)
 
-void specdec_linear_f16(const float *x, int64_t ldx, const void *packed, const float *bias,
-                        const float *residual, int64_t ldr, float *y, int64_t M, int K, int N) {
-    if (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2") &&
-        __builtin_cpu_supports("fma"))
-        specdec_linear_f16c(x, ldx, packed, bias, residual, ldr, y, M, K, N);
-    else
-        specdec_linear_f16_generic(x, ldx, packed, bias, residual, ldr, y, M, K, N);
+static int has_f16c(void) {
+    return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2") &&
+           __builtin_cpu_supports("fma");
 }
 #else
+#define linear_blocks_f16c linear_blocks_f16_generic
+static int has_f16c(void) { return 0; }
+#endif
+
+void specdec_linear_bf16(const float *x, int64_t ldx, const void *packed, const float *bias,
+                         const float *residual, int64_t ldr, float *y, int64_t M, int K, int N) {
+    struct linear_args a = {x, bias, residual, packed, y, ldx, ldr, M, K, N};
+    specdec_parallel_for(N / LINEAR_COLS, linear_blocks_bf16, &a);
+}
+
 void specdec_linear_f16(const float *x, int64_t ldx, const void *packed, const float *bias,
                         const float *residual, int64_t ldr, float *y, int64_t M, int K, int N) {
-    specdec_linear_f16_generic(x, ldx, packed, bias, residual, ldr, y, M, K, N);
+    struct linear_args a = {x, bias, residual, packed, y, ldx, ldr, M, K, N};
+    specdec_parallel_for(N / LINEAR_COLS, has_f16c() ? linear_blocks_f16c : linear_blocks_f16_generic,
+                         &a);
 }
-#endif

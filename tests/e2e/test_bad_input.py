@@ -90,17 +90,18 @@ def chunk(rid, start, ids, is_last=False, **kw) -> target_pb2.PrefillChunk:
     )
 
 
-def entry(rid, start, last, proposals=(), probs=b"", **kw) -> target_pb2.VerifyEntry:
+def entry(rid, start, last, proposals=(), probs=(), **kw) -> target_pb2.VerifyEntry:
     return target_pb2.VerifyEntry(
         request_id=rid, start_position=start, last_token_id=last, proposal_ids=proposals,
         draft_probs=probs, sampling=sampling(**kw),
     )  # fmt: skip
 
 
-def probs(change: Callable[[np.ndarray], object] = lambda q: None, rows: int = 2) -> bytes:
+def probs(change: Callable[[np.ndarray], object] = lambda q: None, rows: int = 2) -> list:
+    """``rows`` uniform draft distributions over the vocabulary, changed."""
     q = np.full((rows, VOCAB), 1.0 / VOCAB, dtype="<f4")
     change(q)
-    return q.tobytes()
+    return [common_pb2.SparseProbs(token_ids=range(VOCAB), probs=row.tolist()) for row in q]
 
 
 def setitem(index, value):
@@ -154,8 +155,10 @@ TARGET_CASES = {
         verify([], [entry(OPEN, L, 1, [1, 2], probs(rows=1), temperature=1.0)]),
         INVALID, "draft_probs",
     ),
-    "draft_probs not whole floats": (
-        verify([], [entry(OPEN, L, 1, [1, 2], b"\0" * 7, temperature=1.0)]), INVALID, "bytes"
+    "draft_probs naming a token outside the vocabulary": (
+        verify([], [entry(OPEN, L, 1, [1, 2], [common_pb2.SparseProbs(
+            token_ids=[1, 2, VOCAB], probs=[0.5, 0.25, 0.25])] * 2, temperature=1.0)]),
+        INVALID, "outside",
     ),
     "negative draft_probs": (
         verify([], [entry(OPEN, L, 1, [1, 2], probs(setitem((0, 9), -0.5)), temperature=1.0)]),

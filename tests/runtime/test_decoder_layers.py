@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels import dense_ops
 from runtime import ModelRunner, SequenceChunk
 
 
@@ -97,3 +98,16 @@ def test_steps_the_c_loop_cannot_take_go_layer_by_layer(qwen3_path):
     assert torch.isfinite(steps(fp8)).any()
     reference = ModelRunner.from_pretrained(qwen3_path, num_pages=32, attention_backend="reference")
     assert reference.model.model.native_layers is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_kernels_thread_pool_changes_no_bit(qwen3_path, dtype):
+    runner = ModelRunner.from_pretrained(qwen3_path, num_pages=32, dtype=dtype)
+    try:
+        assert dense_ops.set_num_threads(2) == 2
+        two = steps(runner)
+        assert dense_ops.set_num_threads(3) == 3  # more threads than column blocks, too
+        three = steps(runner)
+    finally:
+        dense_ops.set_num_threads(1)
+    assert torch.equal(steps(runner), two) and torch.equal(two, three)

@@ -52,28 +52,31 @@ def test_ingest_then_propose_returns_greedy_continuation(draft, make_runner):
     (proposal,) = response.proposals
     assert proposal.request_id == "r1"
     assert list(proposal.token_ids) == greedy_decode(make_runner(), PROMPT, 4)
-    assert proposal.draft_probs == b""
+    assert len(proposal.draft_probs) == 0
     assert cached(response) == {"r1": len(PROMPT)}
     # The draft fed itself K - 1 proposals; the last one needs no KV yet.
     assert server.runner.seq_len("r1") == len(PROMPT) + 3
 
 
-def test_k0_step_only_ingests_committed_tokens(draft):
+def test_k0_steps_only_record_committed_tokens_until_a_proposal_needs_them(draft, make_runner):
     server, stub = draft
     response = step(stub, [ingest("r1", 0, PROMPT[:6])])
     assert list(response.proposals) == []
     assert cached(response) == {"r1": 6}
     response = step(stub, [ingest("r1", 6, PROMPT[6:])])
     assert cached(response) == {"r1": len(PROMPT)}
-    assert server.runner.seq_len("r1") == len(PROMPT)
+    assert server.runner.seq_len("r1") == 0  # lazy ingest: no forward at K = 0
     info = stub.GetInfo(common_pb2.InfoRequest())
     assert (info.num_steps, info.num_ingest_plans, info.num_ingested_tokens) == (2, 2, 11)
     assert info.num_sequences == 1
+    (proposal,) = step(stub, [], [propose("r1", 3)]).proposals
+    assert list(proposal.token_ids) == greedy_decode(make_runner(), PROMPT, 3)
+    assert server.runner.seq_len("r1") == len(PROMPT) + 2
 
 
 def test_a_wrong_start_position_fails_that_request_alone(draft, make_runner):
     server, stub = draft
-    step(stub, [ingest("r1", 0, PROMPT), ingest("r2", 0, OTHER)])
+    step(stub, [ingest("r1", 0, PROMPT), ingest("r2", 0, OTHER)], [propose("r1", 1)])
     response = step(
         stub, [ingest("r2", len(OTHER), [40, 41]), ingest("r1", 14, [7])], [propose("r2", 2)]
     )
@@ -136,9 +139,11 @@ def test_partly_accepted_proposals_keep_matching_prefix_and_equal_a_rebuilt_draf
     )
     response = step(stub, [ingest("r1", len(PROMPT), first[:2] + [bonus])])
     assert cached(response) == {"r1": len(committed)}
-    assert server.runner.seq_len("r1") == len(committed)
-    assert fed == [[[bonus]]]  # the two accepted proposals' KV was kept, not recomputed
+    assert server.runner.seq_len("r1") == len(committed) - 1  # the bonus waits (K = 0)
+    assert fed == []
     incremental = list(step(stub, [], [propose("r1", 4)]).proposals[0].token_ids)
+    # The two accepted proposals' KV was kept, not recomputed: the catch-up fed the bonus.
+    assert fed[0] == [[bonus]]
 
     rebuilt = start_server(create_server)
     rebuilt_stub = draft_pb2_grpc.DraftServiceStub(rebuilt.channel)
@@ -163,7 +168,11 @@ def kv_table(version: int, scale: float) -> common_pb2.KVScaleTable:
 
 def test_kv_scales_version_mismatch_is_failed_precondition(draft):
     server, stub = draft
-    step(stub, [ingest("r1", 0, PROMPT)], kv_scales_version=1, kv_scales=kv_table(1, 1.0))
+    # A proposal makes the draft write r1's KV under version 1.
+    step(
+        stub, [ingest("r1", 0, PROMPT)], [propose("r1", 1)], kv_scales_version=1,
+        kv_scales=kv_table(1, 1.0),
+    )  # fmt: skip
     response = step(
         stub,
         [ingest("r1", len(PROMPT), [4]), ingest("r2", 0, OTHER)],
@@ -200,10 +209,13 @@ def test_sampled_proposals_are_reproducible_with_a_seed_and_carry_probs(draft):
         [propose("a", k, **sampling), propose("b", k, **sampling), propose("c", k, **sampling)],
     )
     a, b, c = response.proposals
-    probs = np.frombuffer(a.draft_probs, dtype="<f4").reshape(k, VOCAB)
-    assert len(a.draft_probs) == k * VOCAB * 4
+    assert len(a.draft_probs) == k
+    probs = np.zeros((k, VOCAB), dtype=np.float32)
+    for i, q in enumerate(a.draft_probs):
+        assert list(q.token_ids) == sorted(set(q.token_ids))
+        probs[i, list(q.token_ids)] = list(q.probs)
     assert list(a.token_ids) == list(b.token_ids) == list(c.token_ids)
-    assert a.draft_probs == b.draft_probs
+    assert list(a.draft_probs) == list(b.draft_probs)
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
     assert all(probs[i, t] > 0 for i, t in enumerate(a.token_ids))
     assert (probs == 0).any()  # top_p removed the tail
@@ -211,10 +223,12 @@ def test_sampled_proposals_are_reproducible_with_a_seed_and_carry_probs(draft):
 
 def test_out_of_pages_is_resource_exhausted_and_changes_nothing(draft):
     server, stub = draft
-    step(stub, [ingest("r1", 0, PROMPT)])
+    step(stub, [ingest("r1", 0, PROMPT)], [propose("r1", 1)])
     free = server.runner.num_free_pages
     long_prompt = list(range(3, 3 + 4 * NUM_PAGES))[: 4 * (NUM_PAGES - 2)]
-    error = status_of(lambda: step(stub, [ingest("r2", 0, long_prompt)], [propose("r1", 4)]))
+    error = status_of(
+        lambda: step(stub, [ingest("r2", 0, long_prompt)], [propose("r1", 4), propose("r2", 1)])
+    )
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert server.runner.num_free_pages == free
     assert not server.runner.has("r2")
@@ -240,6 +254,7 @@ def test_a_changed_table_under_a_used_version_is_refused_but_replaces_an_unused_
     # No pages written yet: a pinned table (e.g. from the coordinator's file) replaces v1.
     step(stub, [ingest("r1", 0, PROMPT)], kv_scales_version=1, kv_scales=kv_table(1, 0.25))
     assert server.runner.kv_scales.k_scale == (0.25, 0.25)
+    step(stub, [], [propose("r1", 1)], kv_scales_version=1)  # now r1's pages are written
     error = status_of(
         lambda: step(stub, [ingest("r2", 0, OTHER)], kv_scales_version=1, kv_scales=kv_table(1, 2))
     )

@@ -33,7 +33,7 @@ def chunk(rid, start, tokens, is_last=False, **sampling) -> target_pb2.PrefillCh
     )
 
 
-def entry(rid, start, last, proposals, draft_probs=b"", **sampling) -> target_pb2.VerifyEntry:
+def entry(rid, start, last, proposals, draft_probs=(), **sampling) -> target_pb2.VerifyEntry:
     return target_pb2.VerifyEntry(
         request_id=rid,
         start_position=start,
@@ -141,10 +141,18 @@ def test_a_prefill_chunk_after_the_last_one_and_a_verify_before_it_are_refused(t
     assert server.runner.seq_len("done") == len(PROMPT)
 
 
-def probs_with(change) -> bytes:
+def sparse(ids, probs) -> common_pb2.SparseProbs:
+    return common_pb2.SparseProbs(token_ids=ids, probs=probs)
+
+
+def probs_with(change) -> list[common_pb2.SparseProbs]:
+    """Two uniform rows over the whole vocabulary, changed."""
     q = np.full((2, VOCAB), 1.0 / VOCAB, dtype="<f4")
     change(q)
-    return q.tobytes()
+    return [sparse(range(VOCAB), row.tolist()) for row in q]
+
+
+UNIFORM = sparse(range(VOCAB), [1.0 / VOCAB] * VOCAB)
 
 
 @pytest.mark.parametrize(
@@ -156,12 +164,17 @@ def probs_with(change) -> bytes:
         (lambda q: q.__setitem__(0, 0.0), "row 0 sums to 0"),
         (lambda q: q.__setitem__(1, 2.0 / VOCAB), "row 1 sums to 2"),
         (lambda q: (q.__setitem__((1, 5), 0.0), q.__setitem__((1, 6), 2.0 / VOCAB)), "token 5"),
+        ([UNIFORM, sparse([4, 5, VOCAB], [0.5, 0.25, 0.25])], "outside [0, 256)"),
+        ([UNIFORM, sparse([5, 4], [0.5, 0.5])], "must ascend"),
+        ([UNIFORM, sparse([4, 5], [1.0])], "2 token ids and 1 probs"),
+        ([UNIFORM], "1 distributions, expected one per proposal (K = 2)"),
     ],
 )
 def test_draft_probs_that_no_proposal_was_drawn_from_are_invalid(target, change, needle):
     server, stub = target
     first = prefill(stub, "r1", PROMPT)
-    bad = entry("r1", len(PROMPT), first, [4, 5], probs_with(change), temperature=1.0)
+    probs = change if isinstance(change, list) else probs_with(change)
+    bad = entry("r1", len(PROMPT), first, [4, 5], probs, temperature=1.0)
     error = entry_error(verify(stub, [], [bad]))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "request r1: draft_probs" in error.details() and needle in error.details()
@@ -204,19 +217,23 @@ def test_verify_for_unknown_request_is_not_found(target):
     assert error.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_sampled_verify_needs_k_by_vocab_draft_probs(target):
+def test_sampled_verify_needs_a_draft_distribution_per_proposal(target):
     _, stub = target
     first = prefill(stub, "r1", PROMPT)
     error = entry_error(
-        verify(stub, [], [entry("r1", len(PROMPT), first, [4, 5], b"\0" * 12, temperature=1.0)])
+        verify(stub, [], [entry("r1", len(PROMPT), first, [4, 5], temperature=1.0)])
     )
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "2 x 256" in error.details()
+    assert "holds 0 distributions" in error.details()
+    # A distribution over a few tokens is enough when it is the one drawn from.
+    few = [sparse([4, 9], [0.75, 0.25]), sparse([1, 5, 200], [0.5, 0.25, 0.25])]
+    (ok,) = verify(stub, [], [entry("r1", len(PROMPT), first, [4, 5], few, temperature=1.0)])
+    assert not ok.error_code and 1 <= len(ok.token_ids) <= 3
 
 
 def test_sampled_verify_is_reproducible_with_a_seed(target):
     server, stub = target
-    q = np.full((3, VOCAB), 1.0 / VOCAB, dtype="<f4").tobytes()
+    q = [UNIFORM] * 3
     outputs = []
     for rid in ("a", "b"):
         (first,) = verify(stub, [chunk(rid, 0, PROMPT, True, temperature=0.9, seed=7)])

@@ -30,6 +30,14 @@ class SamplingParams(_message.Message):
     seed: int
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
+class SparseProbs(_message.Message):
+    __slots__ = ("token_ids", "probs")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROBS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
+
 class InfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -48,8 +48,8 @@ class Proposal(_message.Message):
     DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    draft_probs: bytes
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[bytes] = ...) -> None: ...
+    draft_probs: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseProbs]
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseProbs, _Mapping]]] = ...) -> None: ...
 
 class RequestError(_message.Message):
     __slots__ = ("request_id", "code", "message")

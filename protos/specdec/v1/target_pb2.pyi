@@ -33,9 +33,9 @@ class VerifyEntry(_message.Message):
     start_position: int
     last_token_id: int
     proposal_ids: _containers.RepeatedScalarFieldContainer[int]
-    draft_probs: bytes
+    draft_probs: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseProbs]
     sampling: _common_pb2.SamplingParams
-    def __init__(self, request_id: _Optional[str] = ..., start_position: _Optional[int] = ..., last_token_id: _Optional[int] = ..., proposal_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[bytes] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., start_position: _Optional[int] = ..., last_token_id: _Optional[int] = ..., proposal_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseProbs, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("step_id", "prefill", "decode")
