@@ -72,7 +72,8 @@ def measure(stack: Stack, spec: SpeculativeConfig, batch_sizes: list[int], new_t
             outs += [o for _, batch in spec_runs for o in batch]
         drafts = sum(o.stats["num_drafts"] for o in outs)
         accepted = sum(o.stats["num_accepted_tokens"] for o in outs)
-        per_position = [0] * spec.k_for_batch_size(bs)
+        # K can rise as a batch's requests finish, so positions come from the stats.
+        per_position = [0] * max((len(o.stats["accepted_per_position"]) for o in outs), default=0)
         for o in outs:
             for i, count in enumerate(o.stats["accepted_per_position"]):
                 per_position[i] += count
