@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from coordinator.client import Prompt
-from coordinator.launcher import TINY_DRAFT, TINY_TARGET, held_out_prompts
+# This folder's runtime.py would shadow the package: put the project first on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from coordinator.client import Prompt  # noqa: E402
+from coordinator.launcher import TINY_DRAFT, TINY_TARGET, held_out_prompts  # noqa: E402
+from runtime.loader import load_hf_model  # noqa: E402
 
 
 @torch.no_grad()
@@ -59,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(args.target, local_files_only=True)
     target = AutoModelForCausalLM.from_pretrained(args.target, local_files_only=True).eval()
-    draft = AutoModelForCausalLM.from_pretrained(args.draft, local_files_only=True).eval()
+    draft = load_hf_model(args.draft)  # a frequency-ranked head included
     prompts = [encode(tokenizer, p) for p in held_out_prompts(args.target, args.num_prompts)]
     tok_s(target, prompts[:1], 8)  # warm-up
     tok_s(target, prompts[:1], 8, assistant_model=draft)

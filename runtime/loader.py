@@ -137,3 +137,39 @@ def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+class SubsetHead(torch.nn.Module):
+    """A frequency-ranked head as transformers needs it: scores at ``token_ids``, the
+    dtype's lowest value elsewhere, ``[..., vocab_size]`` (the runtime's ``-inf`` rule)."""
+
+    def __init__(self, weight: torch.Tensor, token_ids: list[int], vocab_size: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight, requires_grad=False)
+        self.register_buffer("token_ids", torch.tensor(token_ids, dtype=torch.int64))
+        self.vocab_size = vocab_size
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        scores = hidden @ self.weight.t()
+        full = scores.new_full((*scores.shape[:-1], self.vocab_size), torch.finfo(scores.dtype).min)
+        return full.index_copy_(-1, self.token_ids, scores)
+
+
+def load_hf_model(path: str | Path):
+    """transformers' model for a checkpoint (offline, eval mode), a frequency-ranked head
+    (``head_token_ids``, which transformers cannot load) included: for baselines such as
+    assisted generation with the real pair's draft."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    head_ids = getattr(config, "head_token_ids", None)
+    if not head_ids:
+        return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True).eval()
+    model = AutoModelForCausalLM.from_config(config)
+    state = {k: v for k, v in iterate_checkpoint(path) if not KV_SCALE_PATTERN.match(k)}
+    head = state.pop("lm_head.weight")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or set(missing) != {"lm_head.weight"}:
+        raise ValueError(f"{path}: unexpected {unexpected[:3]}, missing {missing[:3]}")
+    model.lm_head = SubsetHead(head, head_ids, config.vocab_size)
+    return model.eval()

@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from kernels.sampling import logits_to_probs, sample_token
 from runtime import ModelRunner
+from runtime.loader import load_hf_model
 from runtime.model_config import ModelConfig
 
 VOCAB = 256
@@ -104,3 +105,24 @@ def test_head_token_ids_must_be_distinct_and_inside_the_vocabulary(subset_path):
         with pytest.raises(ValueError, match="head_token_ids"):
             ModelConfig.from_dict({**raw, "head_token_ids": bad})
     assert ModelConfig.from_dict(raw).head_size == 64
+
+
+def test_transformers_runs_a_subset_head_draft_as_an_assistant(full_path, subset_path, head_ids):
+    """``load_hf_model``: transformers' logits at the covered ids are the runtime's, the rest
+    are the dtype's lowest value; assisted generation with it as the assistant keeps the
+    target's greedy output."""
+    draft = load_hf_model(subset_path)
+    with torch.no_grad():
+        hf = draft(torch.tensor([PROMPT])).logits[0]
+    ours = prefill(ModelRunner.from_pretrained(subset_path, num_pages=8), "a", PROMPT)
+    covered = torch.tensor(head_ids)
+    torch.testing.assert_close(hf[:, covered], ours[:, covered], rtol=0, atol=1e-4)
+    outside = torch.ones(VOCAB, dtype=torch.bool).index_fill_(0, covered, False)
+    assert bool((hf[:, outside] == torch.finfo(hf.dtype).min).all())
+    target = load_hf_model(full_path)
+    x = torch.tensor([PROMPT])
+    kwargs = dict(attention_mask=torch.ones_like(x), max_new_tokens=16, do_sample=False)
+    with torch.no_grad():
+        plain = target.generate(x, **kwargs)
+        assisted = target.generate(x, assistant_model=draft, **kwargs)
+    assert torch.equal(plain, assisted)
