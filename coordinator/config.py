@@ -113,6 +113,9 @@ class CoordinatorConfig:
     served_model_name: str = ""  # the model name the gateway's clients send; "" = the target's
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 16
+    # Multi-step decoding (vLLM's flag): target forwards per Verify when every scheduled
+    # request decodes at K = 0 and none waits; 1 = off.
+    num_scheduler_steps: int = 8
     speculative_config: str = '{"num_speculative_tokens": 4}'
     draft_timeout: float = 2.0  # seconds per draft RPC; a miss runs the step with K = 0
     draft_retry_interval: float = 1.0  # seconds before probing a failed draft again
@@ -133,6 +136,8 @@ class CoordinatorConfig:
             raise ValueError("max_num_batched_tokens must be >= 1")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
+        if self.num_scheduler_steps < 1:
+            raise ValueError("num_scheduler_steps must be >= 1")
         if self.max_queue_len < 0:
             raise ValueError("max_queue_len must be >= 0")
         if self.draft_timeout <= 0 or self.target_timeout <= 0:

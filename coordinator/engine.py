@@ -86,6 +86,7 @@ class Engine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=limits.max_model_len,
             max_queue_len=config.max_queue_len,
+            num_scheduler_steps=config.num_scheduler_steps,
         )
         self.requests: dict[str, Request] = {}
         self.totals = SpecStats()
@@ -190,6 +191,7 @@ class Engine:
             span.set_attribute("specdec.step_id", plan.step_id)
             span.set_attribute("specdec.batch_size", plan.batch_size)
             span.set_attribute("specdec.k", plan.k)
+            span.set_attribute("specdec.num_steps", plan.num_steps)
             span.set_attribute("specdec.num_prefill_chunks", len(plan.prefills))
             span.set_attribute("specdec.num_ingest_plans", len(plan.ingest))
             metadata = grpc_metadata()
@@ -300,7 +302,7 @@ class Engine:
         proposals: Proposals,
         metadata: tuple[tuple[str, str], ...],
     ) -> dict[str, target_pb2.VerifyResult] | None:
-        message = verify_request(plan, proposals)
+        message = verify_request(plan, proposals, self.limits.eos_token_ids)
         try:
             response = await self._call(
                 self.target.Verify, message, self.config.target_timeout, metadata
@@ -367,10 +369,11 @@ class Engine:
             request.stats.num_steps += 1
             num_proposed = len(proposals.get(request.request_id, ((), ()))[0])
             num_accepted = min(result.num_accepted, num_proposed)
-            request.stats.observe_draft(num_proposed, num_accepted)
-            self.totals.observe_draft(num_proposed, num_accepted)
+            forwards = max(len(result.token_ids), 1)  # K = 0 forwards of a multi-step result
+            request.stats.observe_draft(num_proposed, num_accepted, forwards)
+            self.totals.observe_draft(num_proposed, num_accepted, forwards)
             if self.metrics is not None:
-                self.metrics.observe_draft(num_proposed, num_accepted)
+                self.metrics.observe_draft(num_proposed, num_accepted, forwards)
             total_accepted += num_accepted
             self._emit(request, list(result.token_ids), result.num_cached_tokens)
         return total_accepted

@@ -72,9 +72,12 @@ def valid_proposals(
     return out
 
 
-def verify_request(plan: StepPlan, proposals: Proposals) -> target_pb2.VerifyRequest:
-    """Prefill chunks and decode entries; a decode entry starts at the last committed token."""
-    message = target_pb2.VerifyRequest(step_id=plan.step_id)
+def verify_request(
+    plan: StepPlan, proposals: Proposals, eos_token_ids: frozenset[int]
+) -> target_pb2.VerifyRequest:
+    """Prefill chunks and decode entries; a decode entry starts at the last committed token.
+    A multi-step plan also tells each entry its token budget and stop tokens."""
+    message = target_pb2.VerifyRequest(step_id=plan.step_id, num_steps=plan.num_steps)
     for chunk in plan.prefills:
         message.prefill.append(
             target_pb2.PrefillChunk(
@@ -98,4 +101,8 @@ def verify_request(plan: StepPlan, proposals: Proposals) -> target_pb2.VerifyReq
                 sampling=sampling_pb(request.sampling),
             )
         )
+        if plan.num_steps > 1:
+            stops = request.stop_token_ids | (frozenset() if request.ignore_eos else eos_token_ids)
+            message.decode[-1].max_new_tokens = entry.max_new_tokens
+            message.decode[-1].stop_token_ids.extend(sorted(stops))
     return message

@@ -27,9 +27,12 @@ class Metrics:
     step_duration: Histogram
     registry: CollectorRegistry
 
-    def observe_draft(self, num_draft_tokens: int, num_accepted: int) -> None:
+    def observe_draft(
+        self, num_draft_tokens: int, num_accepted: int, num_k0_steps: int = 1
+    ) -> None:
+        """One verified entry; `num_k0_steps`: the K = 0 forwards it covers (multi-step)."""
         if num_draft_tokens == 0:
-            self.num_k0_steps.inc()
+            self.num_k0_steps.inc(num_k0_steps)
             return
         self.num_drafts.inc()
         self.num_draft_tokens.inc(num_draft_tokens)

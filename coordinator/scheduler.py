@@ -26,10 +26,12 @@ class PrefillChunk:
 
 @dataclass(frozen=True)
 class DecodeEntry:
-    """Verify [last committed token, K proposals] of a decoding request."""
+    """Verify [last committed token, K proposals] of a decoding request; in a multi-step
+    plan (K = 0), emit at most `max_new_tokens` tokens."""
 
     request: Request
     k: int
+    max_new_tokens: int = 1
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class StepPlan:
     step_id: int
     batch_size: int  # running requests, the key of the per-batch-size K table
     k: int  # the batch's K before per-request caps
+    num_steps: int = 1  # target forwards in a row (multi-step decoding: decodes at K = 0)
     prefills: list[PrefillChunk] = field(default_factory=list)
     decodes: list[DecodeEntry] = field(default_factory=list)
     # The draft's work, in order: release (state unknown), ingest, then propose.
@@ -72,6 +75,11 @@ class Scheduler:
     `max_num_batched_tokens` tokens (a decode entry costs 1 + K, a prefill chunk its
     length); every scheduled request the draft is behind on gets an ingest plan (prefill
     chunks and K = 0 steps included), so the draft never goes stale.
+
+    Multi-step decoding (vLLM's `--num-scheduler-steps`): when every scheduled request
+    decodes at K = 0 and none waits, the plan asks the target for up to
+    `num_scheduler_steps` forwards in one round trip, each request capped by the room
+    before its end; the draft ingests what they committed in the next step, as always.
     """
 
     def __init__(
@@ -81,8 +89,10 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         max_queue_len: int = 1 << 30,
+        num_scheduler_steps: int = 1,
     ) -> None:
         self.speculative = speculative
+        self.num_scheduler_steps = num_scheduler_steps
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -116,9 +126,14 @@ class Scheduler:
         before max_model_len.
         """
         k = batch_k if request.k_cap is None else min(batch_k, request.k_cap)
-        k = min(k, request.max_tokens - request.num_output_tokens - 1)
-        k = min(k, self.max_model_len - request.num_tokens - 1)
-        return max(k, 0)
+        return max(min(k, self.room(request) - 1), 0)
+
+    def room(self, request: Request) -> int:
+        """Tokens the request may still commit: before max_tokens and max_model_len."""
+        return min(
+            request.max_tokens - request.num_output_tokens,
+            self.max_model_len - request.num_tokens,
+        )
 
     def schedule(self, draft_available: bool = True) -> StepPlan | None:
         """Plans one step, or returns None when nothing can run.
@@ -156,6 +171,17 @@ class Scheduler:
 
         if not plan.prefills and not plan.decodes:
             return None
+        if (
+            self.num_scheduler_steps > 1
+            and not plan.prefills
+            and not self.waiting
+            and all(d.k == 0 for d in plan.decodes)
+        ):
+            plan.num_steps = self.num_scheduler_steps
+            plan.decodes = [
+                DecodeEntry(d.request, 0, min(plan.num_steps, self.room(d.request)))
+                for d in plan.decodes
+            ]
         if draft_available:
             for chunk in plan.prefills:
                 self._plan_ingest(plan, chunk.request, chunk.start + len(chunk.token_ids))

@@ -24,9 +24,12 @@ class SpecStats:
     num_steps: int = 0
     step_seconds: float = 0.0  # totals only: wall time in engine steps
 
-    def observe_draft(self, num_draft_tokens: int, num_accepted: int) -> None:
+    def observe_draft(
+        self, num_draft_tokens: int, num_accepted: int, num_k0_steps: int = 1
+    ) -> None:
+        """One verified entry; `num_k0_steps`: the K = 0 forwards it covers (multi-step)."""
         if num_draft_tokens == 0:
-            self.num_k0_steps += 1
+            self.num_k0_steps += num_k0_steps
             return
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens

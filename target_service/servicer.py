@@ -28,6 +28,8 @@ def entry_from_proto(msg: target_pb2.VerifyEntry) -> VerifyEntry:
         tuple(msg.proposal_ids),
         tuple(probs_from_proto(q) for q in msg.draft_probs) or None,
         Sampling.from_proto(msg.sampling, msg.request_id),
+        msg.max_new_tokens,
+        frozenset(msg.stop_token_ids),
     )
 
 
@@ -74,6 +76,7 @@ class TargetServicer(ModelServicer, target_pb2_grpc.TargetServiceServicer):
                 "specdec.step_id": request.step_id,
                 "specdec.num_prefill_chunks": len(request.prefill),
                 "specdec.batch_size": len(request.decode),
+                "specdec.num_steps": max(request.num_steps, 1),
             },
         ):
             return await self.executor.call(context, self._verify, request, self.caller(context))
@@ -90,7 +93,7 @@ class TargetServicer(ModelServicer, target_pb2_grpc.TargetServiceServicer):
         decode = _convert(
             [e for e in request.decode if e.request_id in mine], entry_from_proto, failed
         )
-        results = self.model.verify(prefill, decode, failed)
+        results = self.model.verify(prefill, decode, failed, request.num_steps)
         return target_pb2.VerifyResponse(results=[result_to_proto(r) for r in results])
 
     def _info(self) -> common_pb2.ModelInfo:

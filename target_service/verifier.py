@@ -5,7 +5,8 @@ Plain domain code (no gRPC): the servicer turns messages into these dataclasses 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -16,6 +17,8 @@ from runtime.model_runner import ModelRunner
 from runtime.sampling import Sampling
 from runtime.sequence import SequenceChunk
 from runtime.serving import InvalidRequestError, OutOfSyncError, UnknownRequestError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,10 @@ class VerifyEntry:
     proposal_ids: tuple[int, ...] = ()
     draft_probs: tuple[SparseProbs, ...] | None = None  # one per proposal; needed when sampling
     sampling: Sampling = Sampling()
+    # Multi-step decoding (``Verifier.verify``'s num_steps > 1): at most this many tokens
+    # (0 = num_steps), none after a stop token.
+    max_new_tokens: int = 0
+    stop_token_ids: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -85,11 +92,17 @@ class Verifier:
         prefill: list[PrefillChunk],
         decode: list[VerifyEntry],
         failed: dict[str, Exception] | None = None,
+        num_steps: int = 1,
     ) -> list[VerifyResult]:
         """Runs the step's entries in one forward. An entry that is bad on its own (or whose
         sampling fails) fails alone: its result carries the error, its sequence is as before
         the step, and the others go on. ``failed``: entries the caller already refused
-        (e.g. unparsable sampling parameters), reported the same way."""
+        (e.g. unparsable sampling parameters), reported the same way. ``num_steps`` > 1:
+        see ``decode_steps``."""
+        if num_steps > 1:
+            if prefill:
+                raise InvalidRequestError("num_steps > 1 takes no prefill chunks")
+            return self.decode_steps(decode, num_steps, failed)
         failed = dict(failed or {})
         self._check_ids([c.request_id for c in prefill] + [e.request_id for e in decode], failed)
         prefill = [c for c in prefill if _passes(self._check_chunk, c, failed)]
@@ -127,6 +140,63 @@ class Verifier:
         return results + [
             VerifyResult(rid, [], 0, self._held(rid), error=e) for rid, e in failed.items()
         ]
+
+    def decode_steps(
+        self,
+        decode: list[VerifyEntry],
+        num_steps: int,
+        failed: dict[str, Exception] | None = None,
+    ) -> list[VerifyResult]:
+        """Multi-step decoding: up to ``num_steps`` K = 0 steps back to back, each feeding
+        every entry the token it emitted last, so one request does the work of several.
+
+        The first step is ``verify``'s, errors included. An entry leaves the batch after
+        ``max_new_tokens`` tokens or a stop token; a later step that fails (the cache is
+        full, or the entry now is bad) ends the entries it would have extended where they
+        are, and the next request reports the error. Each token is drawn exactly as one
+        step would draw it (same position, same random stream), so the output does not
+        depend on ``num_steps``; each result lists every token its entry emitted.
+        """
+        if any(e.proposal_ids for e in decode):
+            raise InvalidRequestError(
+                "num_steps > 1 runs decode entries without proposals only (K = 0)"
+            )
+        results = {r.request_id: r for r in self.verify([], decode, failed)}
+        live = [e for e in decode if results[e.request_id].error is None]
+        for done in range(1, num_steps):
+            live = [e for e in live if not self._stops(e, results[e.request_id].token_ids)]
+            if not live:
+                break
+            step = [
+                replace(
+                    e,
+                    start_position=results[e.request_id].num_cached_tokens,
+                    last_token_id=results[e.request_id].token_ids[-1],
+                )
+                for e in live
+            ]
+            try:
+                sub = self.verify([], step)
+            except Exception as e:  # nothing of this step was kept; the next request reports it
+                logger.warning(
+                    "multi-step decoding stopped after %d of %d steps: %r", done, num_steps, e
+                )
+                break
+            for r in sub:
+                if r.error is not None:
+                    live = [e for e in live if e.request_id != r.request_id]
+                    continue
+                before = results[r.request_id]
+                results[r.request_id] = replace(
+                    before,
+                    token_ids=before.token_ids + r.token_ids,
+                    num_cached_tokens=r.num_cached_tokens,
+                )
+        return list(results.values())
+
+    @staticmethod
+    def _stops(e: VerifyEntry, emitted: list[int]) -> bool:
+        return emitted[-1] in e.stop_token_ids or len(emitted) >= (e.max_new_tokens or 1 << 30)
 
     def _undo(self, rid: str, held_before: int, opened: bool) -> None:
         if opened:

@@ -175,3 +175,46 @@ def test_full_queue_refuses_new_requests():
     s.add(make_request("a", 4))
     with pytest.raises(QueueFull):
         s.add(make_request("b", 4))
+
+
+def decode_all(s: Scheduler, *requests: Request) -> None:
+    """Admits and prefills the requests (one step each is enough at this budget)."""
+    for r in requests:
+        s.add(r)
+    while any(r.is_prefilling for r in requests):
+        apply(s.schedule())
+
+
+def test_k0_decodes_run_several_target_forwards_capped_by_each_requests_room():
+    s = make_scheduler('{"num_speculative_tokens": 0}', num_scheduler_steps=8)
+    roomy, short = make_request("a", 5), make_request("b", 5, max_tokens=4)
+    decode_all(s, roomy, short)
+    plan = s.schedule()
+    assert plan.num_steps == 8
+    # "b" committed one token at its prefill: three more reach max_tokens.
+    assert [(d.request.request_id, d.k, d.max_new_tokens) for d in plan.decodes] == [
+        ("a", 0, 8),
+        ("b", 0, 3),
+    ]
+    # The draft still gets every committed token, this step as in any other.
+    ingest = [(p.request.request_id, p.start, p.token_ids) for p in plan.ingest]
+    assert ingest == [("a", 5, [500]), ("b", 5, [500])]
+
+
+@pytest.mark.parametrize("blocker", ["proposals", "prefill", "waiting"])
+def test_multi_step_waits_for_steps_where_nothing_else_must_happen(blocker):
+    k = 3 if blocker == "proposals" else 0
+    spec = f'{{"num_speculative_tokens": {k}}}'
+    s = make_scheduler(spec, num_scheduler_steps=8, max_num_seqs=1 if blocker == "waiting" else 2)
+    decode_all(s, make_request("a", 5))
+    if blocker != "proposals":
+        s.add(make_request("b", 5))
+    plan = s.schedule()
+    assert plan.num_steps == 1
+    assert all(d.max_new_tokens == 1 for d in plan.decodes)
+
+
+def test_one_scheduler_step_is_the_default():
+    s = make_scheduler('{"num_speculative_tokens": 0}')
+    decode_all(s, make_request("a", 5))
+    assert s.schedule().num_steps == 1

@@ -8,8 +8,10 @@ from collections.abc import Callable, Iterator
 import pytest
 from service_testing import NUM_PAGES, PAGE_SIZE, ServerThread
 
+from protos.specdec.v1 import target_pb2_grpc
 from runtime.model_runner import ModelRunner
 from runtime.serving import ServiceConfig
+from target_service.server import create_server as create_target_server
 
 
 @pytest.fixture
@@ -44,3 +46,10 @@ def start_server(service_config, make_runner) -> Iterator[Callable[..., ServerTh
     yield start
     for server in servers:
         server.close()
+
+
+@pytest.fixture
+def target(start_server):
+    """A target service over the tiny model: (its ServerThread, a TargetService stub)."""
+    server = start_server(create_target_server)
+    return server, target_pb2_grpc.TargetServiceStub(server.channel)

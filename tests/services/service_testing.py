@@ -9,6 +9,7 @@ from collections.abc import Callable
 import grpc
 import pytest
 
+from protos.specdec.v1 import common_pb2, target_pb2
 from runtime.model_runner import ModelRunner
 from runtime.sequence import SequenceChunk
 from runtime.serving import ServiceConfig, message_limits
@@ -69,3 +70,28 @@ def status_of(call: Callable[[], object]) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as info:
         call()
     return info.value
+
+
+# ---- TargetService messages ----------------------------------------------------------
+
+
+def chunk(rid, start, tokens, is_last=False, **sampling) -> target_pb2.PrefillChunk:
+    params = common_pb2.SamplingParams(**sampling)
+    return target_pb2.PrefillChunk(
+        request_id=rid, start_position=start, token_ids=tokens, is_last=is_last, sampling=params
+    )
+
+
+def entry(rid, start, last, proposals, draft_probs=(), **sampling) -> target_pb2.VerifyEntry:
+    return target_pb2.VerifyEntry(
+        request_id=rid,
+        start_position=start,
+        last_token_id=last,
+        proposal_ids=proposals,
+        draft_probs=draft_probs,
+        sampling=common_pb2.SamplingParams(**sampling),
+    )
+
+
+def verify(stub, prefill=(), decode=()) -> list[target_pb2.VerifyResult]:
+    return list(stub.Verify(target_pb2.VerifyRequest(prefill=prefill, decode=decode)).results)

@@ -11,41 +11,13 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from service_testing import ServerThread, greedy_decode, status_of
+from service_testing import ServerThread, chunk, entry, greedy_decode, status_of, verify
 
 from protos.specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
 from target_service.server import create_server
 
 PROMPT = [17, 203, 5, 88, 140, 61, 9, 230, 44, 101, 12, 7, 150, 33, 64, 2, 91, 180, 55, 23]
 VOCAB = 256
-
-
-@pytest.fixture
-def target(start_server):
-    server = start_server(create_server)
-    return server, target_pb2_grpc.TargetServiceStub(server.channel)
-
-
-def chunk(rid, start, tokens, is_last=False, **sampling) -> target_pb2.PrefillChunk:
-    params = common_pb2.SamplingParams(**sampling)
-    return target_pb2.PrefillChunk(
-        request_id=rid, start_position=start, token_ids=tokens, is_last=is_last, sampling=params
-    )
-
-
-def entry(rid, start, last, proposals, draft_probs=(), **sampling) -> target_pb2.VerifyEntry:
-    return target_pb2.VerifyEntry(
-        request_id=rid,
-        start_position=start,
-        last_token_id=last,
-        proposal_ids=proposals,
-        draft_probs=draft_probs,
-        sampling=common_pb2.SamplingParams(**sampling),
-    )
-
-
-def verify(stub, prefill=(), decode=()) -> list[target_pb2.VerifyResult]:
-    return list(stub.Verify(target_pb2.VerifyRequest(prefill=prefill, decode=decode)).results)
 
 
 class EntryError(NamedTuple):

@@ -28,7 +28,8 @@ if _version_not_supported:
 
 class TargetServiceStub(object):
     """The target service verifies proposals over its FP8 KV cache. One Verify RPC per step
-    runs prefill chunks and decode (verify) entries in a single forward.
+    runs prefill chunks and decode (verify) entries in a single forward (or, for K = 0
+    decode steps, several forwards: VerifyRequest.num_steps).
     """
 
     def __init__(self, channel):
@@ -56,7 +57,8 @@ class TargetServiceStub(object):
 
 class TargetServiceServicer(object):
     """The target service verifies proposals over its FP8 KV cache. One Verify RPC per step
-    runs prefill chunks and decode (verify) entries in a single forward.
+    runs prefill chunks and decode (verify) entries in a single forward (or, for K = 0
+    decode steps, several forwards: VerifyRequest.num_steps).
     """
 
     def Verify(self, request, context):
@@ -105,7 +107,8 @@ def add_TargetServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class TargetService(object):
     """The target service verifies proposals over its FP8 KV cache. One Verify RPC per step
-    runs prefill chunks and decode (verify) entries in a single forward.
+    runs prefill chunks and decode (verify) entries in a single forward (or, for K = 0
+    decode steps, several forwards: VerifyRequest.num_steps).
     """
 
     @staticmethod
