@@ -85,6 +85,8 @@ def stats_dict(stats: coordinator_pb2.SpecDecodeStats) -> dict:
         "num_k0_steps": stats.num_k0_steps,
         "num_ingest_plans": stats.num_ingest_plans,
         "num_steps": stats.num_steps,
+        "num_ahead_proposals": stats.num_ahead_proposals,
+        "num_ahead_used": stats.num_ahead_used,
     }
 
 

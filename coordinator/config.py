@@ -117,6 +117,9 @@ class CoordinatorConfig:
     # request decodes at K = 0 and none waits; 1 = off.
     num_scheduler_steps: int = 8
     speculative_config: str = '{"num_speculative_tokens": 4}'
+    # "auto": while the target verifies a step, the draft proposes for the next one,
+    # assuming its proposals are all accepted; "off": draft, then verify, in turn.
+    pipeline: str = "auto"
     draft_timeout: float = 2.0  # seconds per draft RPC; a miss runs the step with K = 0
     draft_retry_interval: float = 1.0  # seconds before probing a failed draft again
     draft_max_retry_interval: float = 5.0  # the probe's wait doubles up to this
@@ -138,6 +141,8 @@ class CoordinatorConfig:
             raise ValueError("max_num_seqs must be >= 1")
         if self.num_scheduler_steps < 1:
             raise ValueError("num_scheduler_steps must be >= 1")
+        if self.pipeline not in ("off", "auto"):
+            raise ValueError(f'pipeline must be "off" or "auto", not {self.pipeline!r}')
         if self.max_queue_len < 0:
             raise ValueError("max_queue_len must be >= 0")
         if self.draft_timeout <= 0 or self.target_timeout <= 0:

@@ -22,8 +22,8 @@ from coordinator.draft_breaker import DraftBreaker
 from coordinator.errors import InvalidRequest, NotReady, ServiceError, SpecDecError
 from coordinator.messages import Proposals, draft_step_request, valid_proposals, verify_request
 from coordinator.metrics import Metrics
-from coordinator.request import Request, RequestOutput, RequestStatus
-from coordinator.scheduler import Scheduler, StepPlan
+from coordinator.request import AheadProposal, Request, RequestOutput, RequestStatus
+from coordinator.scheduler import DecodeEntry, IngestPlan, Scheduler, StepPlan
 from coordinator.stats import SpecStats
 from protos.specdec.v1 import common_pb2, target_pb2
 from telemetry.tracing import grpc_metadata
@@ -196,14 +196,14 @@ class Engine:
             span.set_attribute("specdec.num_ingest_plans", len(plan.ingest))
             metadata = grpc_metadata()
             if plan.propose:
-                proposals = await self._draft_step(plan, metadata)
-                results = await self._verify(plan, proposals, metadata)
+                proposals, results = await self._propose_and_verify(plan, metadata)
             else:
                 # Nothing to propose (K = 0): the draft only ingests, which the target does
                 # not wait for, so both run at once and K = 0 costs no draft latency.
                 proposals = {}
                 _, results = await asyncio.gather(
-                    self._draft_step(plan, metadata), self._verify(plan, proposals, metadata)
+                    self._draft_step(plan, metadata, plan.ingest, []),
+                    self._verify(plan, proposals, metadata),
                 )
             span.set_attribute("specdec.num_proposed", sum(len(p) for p in proposals.values()))
             if results is not None:
@@ -212,19 +212,91 @@ class Engine:
 
     # ---- draft -----------------------------------------------------------------------
 
-    async def _draft_step(self, plan: StepPlan, metadata: tuple[tuple[str, str], ...]) -> Proposals:
-        """Ingests and proposes; returns request id -> (proposal ids, draft probs).
+    async def _propose_and_verify(
+        self, plan: StepPlan, metadata: tuple[tuple[str, str], ...]
+    ) -> tuple[Proposals, dict[str, target_pb2.VerifyResult] | None]:
+        """Draft, then verify. Pipelined, a request whose proposals the draft prepared
+        during the previous verify (and whose commit matched what they assumed) skips the
+        draft call; the others draft first; then, while the target verifies, the draft
+        ingests the rest and proposes for the next step, assuming this one's proposals are
+        all accepted. It does so only for requests whose last verify accepted everything:
+        on a 2-core host the two models slow each other when they run at once, so work
+        ahead pays only where it is likely to be used."""
+        if self.config.pipeline == "off":
+            proposals = await self._draft_step(plan, metadata, plan.ingest, plan.propose)
+            return proposals, await self._verify(plan, proposals, metadata)
+        proposals = self._take_ahead(plan)
+        fresh = [d for d in plan.propose if d.request.request_id not in proposals]
+        fresh_ids = {d.request.request_id for d in fresh}
+        if fresh:
+            first = [p for p in plan.ingest if p.request.request_id in fresh_ids]
+            proposals.update(await self._draft_step(plan, metadata, first, fresh))
+        verify = self._verify(plan, proposals, metadata)
+        if not self.draft_breaker.closed:
+            return proposals, await verify
+        rest = [p for p in plan.ingest if p.request.request_id not in fresh_ids]
+        ahead = [
+            d
+            for d in plan.propose
+            if d.request.accepted_all and proposals.get(d.request.request_id, ((),))[0]
+        ]
+        draft = self._draft_step(plan, metadata, rest, ahead, ahead_of=proposals, release=not fresh)
+        _, results = await asyncio.gather(draft, verify)
+        return proposals, results
+
+    def _take_ahead(self, plan: StepPlan) -> Proposals:
+        """The prepared proposals that hold for this step, cut to its K."""
+        out: Proposals = {}
+        for d in plan.propose:
+            request = d.request
+            ahead, request.ahead = request.ahead, None
+            if ahead is None or not ahead.holds_for(request.token_ids):
+                continue
+            ids = ahead.token_ids[: d.k]
+            out[request.request_id] = (ids, ahead.draft_probs[: len(ids)])
+            request.stats.num_ahead_used += 1
+            self.totals.num_ahead_used += 1
+        return out
+
+    def _keep_ahead(self, propose: list[DecodeEntry], response: Any, ahead_of: Proposals) -> None:
+        guesses = {
+            p.request_id: p.guessed_token_id
+            for p in response.proposals
+            if p.HasField("guessed_token_id") and p.guessed_token_id < self.limits.vocab_size
+        }
+        for rid, (ids, probs) in valid_proposals(propose, response, self.limits.vocab_size).items():
+            request = self.requests.get(rid)
+            if request is None or rid not in guesses or not ids:
+                continue
+            assumed = (*ahead_of[rid][0], guesses[rid])
+            request.ahead = AheadProposal(request.num_tokens, assumed, ids, probs)
+            request.stats.num_ahead_proposals += 1
+            self.totals.num_ahead_proposals += 1
+
+    async def _draft_step(
+        self,
+        plan: StepPlan,
+        metadata: tuple[tuple[str, str], ...],
+        ingest: list[IngestPlan],
+        propose: list[DecodeEntry],
+        ahead_of: Proposals | None = None,
+        release: bool = True,
+    ) -> Proposals:
+        """Ingests and proposes; returns request id -> (proposal ids, draft probs). With
+        ``ahead_of`` the proposals are for the next step and kept on the requests instead.
+        ``release``: this is the step's first draft call, which releases what the plan
+        (or an earlier failure) says the draft must drop.
 
         Any failure gives no proposals (K = 0 this step) and marks draft state unknown.
         """
-        if not plan.ingest and not plan.propose:
+        if not ingest and not propose:
             return {}
         timeout = self.config.draft_timeout
-        step_requests = {p.request.request_id: p.request for p in plan.ingest}
-        step_requests.update({d.request.request_id: d.request for d in plan.propose})
+        step_requests = {p.request.request_id: p.request for p in ingest}
+        step_requests.update({d.request.request_id: d.request for d in propose})
         try:
             release_ids = [r.request_id for r in plan.draft_release] + self._draft_orphans
-            if release_ids:
+            if release and release_ids:
                 await self._call(
                     self.draft.Release,
                     common_pb2.ReleaseRequest(request_ids=release_ids),
@@ -234,7 +306,9 @@ class Engine:
                 self._draft_orphans.clear()
                 for request in plan.draft_release:
                     request.num_draft_cached = 0
-            message = draft_step_request(plan, self.limits.draft_kv_scales)
+            message = draft_step_request(
+                plan.step_id, ingest, propose, self.limits.draft_kv_scales, ahead_of
+            )
             response = await self._call(self.draft.Step, message, timeout, metadata)
         except (grpc.RpcError, asyncio.TimeoutError) as e:
             code, details = _status_of(e)
@@ -255,11 +329,11 @@ class Engine:
                 self._mark_draft_down()
             return {}
 
-        for p in plan.ingest:
+        for p in ingest:
             p.request.stats.num_ingest_plans += 1
-        self.totals.num_ingest_plans += len(plan.ingest)
+        self.totals.num_ingest_plans += len(ingest)
         if self.metrics is not None:
-            self.metrics.num_ingest_plans.inc(len(plan.ingest))
+            self.metrics.num_ingest_plans.inc(len(ingest))
         for refused in response.failed:  # alone: no proposals for it, rebuilt from the log
             logger.warning(
                 "draft refused request %s in step %d (%s: %s); rebuilding it",
@@ -282,7 +356,10 @@ class Engine:
                 request.num_draft_cached = None
             else:
                 request.num_draft_cached = held
-        return valid_proposals(plan, response, self.limits.vocab_size)
+        if ahead_of is not None:
+            self._keep_ahead(propose, response, ahead_of)
+            return {}
+        return valid_proposals(propose, response, self.limits.vocab_size)
 
     def _mark_draft_down(self) -> None:
         """Runs K = 0 until the draft answers a probe; what it held is unknown from now on."""
@@ -375,6 +452,7 @@ class Engine:
             if self.metrics is not None:
                 self.metrics.observe_draft(num_proposed, num_accepted, forwards)
             total_accepted += num_accepted
+            request.accepted_all = num_proposed > 0 and num_accepted == num_proposed
             self._emit(request, list(result.token_ids), result.num_cached_tokens)
         return total_accepted
 

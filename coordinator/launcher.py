@@ -59,6 +59,7 @@ class StackConfig:
     max_num_seqs: int = 16
     max_queue_len: int = 256  # waiting requests; more is RESOURCE_EXHAUSTED
     num_scheduler_steps: int = 8  # target forwards per round trip where every decode has K = 0
+    pipeline: str = "auto"  # the draft proposes for the next step during verify; or "off"
     host: str = "127.0.0.1"
     port: int = 50050
     target_port: int = 0  # 0 = any free port
@@ -297,7 +298,7 @@ class Stack:
             "--tokenizer", c.target_model, "--speculative-config", c.speculative_config,
             "--max-num-batched-tokens", str(c.max_num_batched_tokens),
             "--max-num-seqs", str(c.max_num_seqs), "--max-queue-len", str(c.max_queue_len),
-            "--num-scheduler-steps", str(c.num_scheduler_steps),
+            "--num-scheduler-steps", str(c.num_scheduler_steps), "--pipeline", c.pipeline,
             "--metrics-port", str(metrics_port),
             *(["--served-model-name", c.served_model_name] if c.served_model_name else []),
             *(["--draft-rebuild-every-step"] if c.draft_rebuild_every_step else []),

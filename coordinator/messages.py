@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from coordinator.request import SamplingParams
-from coordinator.scheduler import StepPlan
+from coordinator.scheduler import DecodeEntry, IngestPlan, StepPlan
 from protos.specdec.v1 import common_pb2, draft_pb2, target_pb2
 
 logger = logging.getLogger(__name__)
@@ -22,37 +22,44 @@ def sampling_pb(s: SamplingParams) -> common_pb2.SamplingParams:
 
 
 def draft_step_request(
-    plan: StepPlan, kv_scales: common_pb2.KVScaleTable
+    step_id: int,
+    ingest: list[IngestPlan],
+    propose: list[DecodeEntry],
+    kv_scales: common_pb2.KVScaleTable,
+    ahead_of: Proposals | None = None,
 ) -> draft_pb2.DraftStepRequest:
-    """Ingest plans then proposals; the full KV-scale table when a sequence opens."""
+    """Ingest plans then proposals; the full KV-scale table when a sequence opens. With
+    ``ahead_of`` (pipelining), each proposal comes after the proposals the target is
+    verifying for that request."""
     message = draft_pb2.DraftStepRequest(
-        step_id=plan.step_id,
+        step_id=step_id,
         kv_scales_version=kv_scales.version,
         ingest=[
             draft_pb2.IngestPlan(
                 request_id=p.request.request_id, start_position=p.start, token_ids=p.token_ids
             )
-            for p in plan.ingest
+            for p in ingest
         ],
         propose=[
             draft_pb2.ProposeEntry(
                 request_id=d.request.request_id,
                 num_tokens=d.k,
                 sampling=sampling_pb(d.request.sampling),
+                ahead_of=(ahead_of or {}).get(d.request.request_id, ((), ()))[0],
             )
-            for d in plan.propose
+            for d in propose
         ],
     )
-    if any(p.start == 0 for p in plan.ingest):
+    if any(p.start == 0 for p in ingest):
         message.kv_scales.CopyFrom(kv_scales)
     return message
 
 
 def valid_proposals(
-    plan: StepPlan, response: draft_pb2.DraftStepResponse, vocab_size: int
+    propose: list[DecodeEntry], response: draft_pb2.DraftStepResponse, vocab_size: int
 ) -> Proposals:
     """Keeps well-formed proposals, cut to each request's K; drops (logs) the rest."""
-    entries = {d.request.request_id: d for d in plan.propose}
+    entries = {d.request.request_id: d for d in propose}
     out: Proposals = {}
     for proposal in response.proposals:
         entry = entries.get(proposal.request_id)

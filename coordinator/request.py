@@ -27,6 +27,22 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+@dataclass(frozen=True)
+class AheadProposal:
+    """Proposals the draft prepared while the target verified a step (pipelining). They
+    hold when the committed log, from length ``base``, continues with exactly ``assumed``
+    (the proposals under verification and the draft's guess of the target's token)."""
+
+    base: int
+    assumed: tuple[int, ...]
+    token_ids: list[int]
+    draft_probs: list  # common_pb2.SparseProbs, one per token when sampling
+
+    def holds_for(self, token_ids: list[int]) -> bool:
+        end = self.base + len(self.assumed)
+        return len(token_ids) == end and tuple(token_ids[self.base :]) == self.assumed
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"  # queued, not yet scheduled
     RUNNING = "running"  # prefilling or decoding
@@ -78,6 +94,8 @@ class Request:
         self.k_cap = k_cap
         self.num_target_cached = 0
         self.num_draft_cached: int | None = 0
+        self.ahead: AheadProposal | None = None  # the draft's proposals for the next step
+        self.accepted_all = False  # the last verify accepted every proposal (K > 0)
         self.stats = SpecStats()
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None

@@ -72,6 +72,8 @@ def stats_pb(stats: SpecStats) -> coordinator_pb2.SpecDecodeStats:
         num_ingest_plans=stats.num_ingest_plans,
         num_steps=stats.num_steps,
         step_seconds=stats.step_seconds,
+        num_ahead_proposals=stats.num_ahead_proposals,
+        num_ahead_used=stats.num_ahead_used,
     )
 
 

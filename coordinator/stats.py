@@ -23,6 +23,8 @@ class SpecStats:
     num_ingest_plans: int = 0
     num_steps: int = 0
     step_seconds: float = 0.0  # totals only: wall time in engine steps
+    num_ahead_proposals: int = 0  # prepared during the previous verify (pipelining)
+    num_ahead_used: int = 0  # of those, used: the commit matched what they assumed
 
     def observe_draft(
         self, num_draft_tokens: int, num_accepted: int, num_k0_steps: int = 1

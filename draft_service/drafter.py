@@ -32,9 +32,13 @@ class IngestPlan:
 
 @dataclass(frozen=True)
 class ProposeEntry:
+    """K proposals after the committed log; with ``ahead_of`` (pipelining), after the log
+    followed by ``ahead_of`` and the draft's own guess of the token the target adds next."""
+
     request_id: str
     num_tokens: int
     sampling: Sampling = Sampling()
+    ahead_of: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class Proposal:
     request_id: str
     token_ids: list[int]
     draft_probs: list[SparseProbs] | None  # q of each proposed token when sampling
+    guessed_token_id: int | None = None  # ahead proposals: the token guessed after ahead_of
 
 
 @dataclass(frozen=True)
@@ -65,8 +70,9 @@ class DraftStepResult:
 class _Sequence:
     """What the draft holds for one request: KV = committed tokens - ``pending`` + ``tail``.
 
-    ``tail`` are the draft's own proposals it fed itself (KV cached past the committed
-    length); the next ingest keeps the part of it the coordinator committed. ``pending``
+    ``tail`` are tokens past the committed length whose KV is cached: the draft's own
+    proposals it fed itself, and when pipelining the ahead_of tokens and its guess; the
+    next ingest keeps the part of it the coordinator committed. ``pending``
     are the last committed tokens whose KV is not computed yet (ingested at K = 0 steps:
     the next proposal computes them first; never both a tail and pending tokens).
     """
@@ -90,7 +96,13 @@ class _Work:
     pending: list[int] = field(default_factory=list)  # committed, KV left for later
     num_tokens: int = 0  # K (0: ingest only)
     sampling: Sampling = Sampling()
+    ahead_of: tuple[int, ...] = ()  # fed after the committed tokens, kept as tail
     opens: bool = False
+
+    @property
+    def num_picks(self) -> int:
+        """Tokens the propose loop picks: the K proposals, after a guess when ahead."""
+        return self.num_tokens + (1 if self.ahead_of else 0)
 
 
 class Drafter:
@@ -245,12 +257,16 @@ class Drafter:
         length = self.num_committed(rid) + len(w.committed)
         if length == 0:
             raise OutOfSyncError(f"request {rid}: cannot propose before any token is ingested")
-        if length + entry.num_tokens > max_len:
+        ahead = len(entry.ahead_of) + 1 if entry.ahead_of else 0
+        if length + ahead + entry.num_tokens > max_len:
             raise InvalidRequestError(
-                f"request {rid}: {length} tokens + K={entry.num_tokens} exceed "
-                f"max_model_len={max_len}"
+                f"request {rid}: {length} tokens + {ahead} ahead + K={entry.num_tokens} "
+                f"exceed max_model_len={max_len}"
             )
-        w.num_tokens, w.sampling = entry.num_tokens, entry.sampling
+        bad = [t for t in entry.ahead_of if t >= self.runner.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"request {rid}: ahead_of holds out-of-range id {bad[0]}")
+        w.num_tokens, w.sampling, w.ahead_of = entry.num_tokens, entry.sampling, entry.ahead_of
         work[rid] = w
 
     def _check_version(self, rid: str, version: int) -> None:
@@ -262,15 +278,19 @@ class Drafter:
             )
 
     def _decide_feed(self, w: _Work) -> None:
-        """Keep the speculative tail's prefix that matches the newly committed tokens; feed
-        the pending and new committed tokens now, or (lazy, K = 0) leave them pending."""
+        """Keep the speculative tail's prefix that matches the newly committed tokens (and
+        the ahead_of tokens after them); feed the pending, new committed and ahead_of tokens
+        now, or (lazy, K = 0) leave them pending."""
         seq = self._seqs.get(w.request_id)
         held, tail, pending = (seq.num_committed, seq.tail, seq.pending) if seq else (0, [], [])
+        expected = [*w.committed, *w.ahead_of]
         matched = 0
-        while matched < min(len(tail), len(w.committed)) and tail[matched] == w.committed[matched]:
+        while matched < min(len(tail), len(expected)) and tail[matched] == expected[matched]:
             matched += 1
+        if matched == len(expected) and w.ahead_of:
+            matched -= 1  # the guess needs the logits at the last ahead_of token: feed it
         w.keep = held - len(pending) + matched
-        unfed = [*pending, *w.committed[matched:]]
+        unfed = [*pending, *expected[matched:]]
         if self.lazy_ingest and not w.num_tokens:
             w.pending = unfed
             return
@@ -286,7 +306,7 @@ class Drafter:
         needed = 0
         for rid, w in work.items():
             now = self.runner.seq_len(rid) if rid in self._seqs else 0
-            peak = w.keep + len(w.feed) + max(w.num_tokens - 1, 0)
+            peak = w.keep + len(w.feed) + max(w.num_picks - 1, 0)
             needed += _cdiv(peak, page_size) - _cdiv(now, page_size)
         free = self.runner.num_free_pages
         if needed > free:
@@ -317,17 +337,19 @@ class Drafter:
             seq.num_committed += len(w.committed)
             if w.committed:
                 seq.last_token = w.committed[-1]
-            seq.tail = []
+            seq.tail = list(w.ahead_of)
             seq.pending = w.pending
             seq.kv_version = version
         return {c.seq_id: out for c, out in zip(chunks, logits, strict=True) if c.num_logits}
 
     def _propose(self, work: list[_Work], first: dict[str, torch.Tensor]) -> list[Proposal]:
+        """Each further pick is one ``extend`` over the requests still picking. An ahead
+        request's first pick is its guess (the draft's argmax), the rest its proposals."""
         tokens: dict[str, list[int]] = {w.request_id: [] for w in work}
         probs: dict[str, list[SparseProbs]] = {w.request_id: [] for w in work}
         logits = first
-        for position in range(max((w.num_tokens for w in work), default=0)):
-            active = [w for w in work if w.num_tokens > position]
+        for position in range(max((w.num_picks for w in work), default=0)):
+            active = [w for w in work if w.num_picks > position]
             if position > 0:
                 chunks = [SequenceChunk(w.request_id, [tokens[w.request_id][-1]]) for w in active]
                 outs = self.runner.extend(chunks)
@@ -335,18 +357,20 @@ class Drafter:
                 for w in active:
                     self._seqs[w.request_id].tail.append(tokens[w.request_id][-1])
             for w in active:
-                token, row = self._pick(w, logits[w.request_id], position)
+                if w.ahead_of and position == 0:
+                    tokens[w.request_id].append(int(logits[w.request_id][-1].argmax()))
+                    continue
+                index = position - (1 if w.ahead_of else 0)
+                token, row = self._pick(w, logits[w.request_id], index)
                 tokens[w.request_id].append(token)
                 if row is not None:
                     probs[w.request_id].append(row)
-        return [
-            Proposal(
-                w.request_id,
-                tokens[w.request_id],
-                probs[w.request_id] or None,
-            )
-            for w in work
-        ]
+        proposals = []
+        for w in work:
+            picked = tokens[w.request_id]
+            guess = picked.pop(0) if w.ahead_of else None
+            proposals.append(Proposal(w.request_id, picked, probs[w.request_id] or None, guess))
+        return proposals
 
     def _pick(self, w: _Work, logits: torch.Tensor, index: int) -> tuple[int, SparseProbs | None]:
         """Greedy: argmax. Sampling: a draw from q and q itself, q being the request's
@@ -359,7 +383,9 @@ class Drafter:
         if seq.stream is None:
             seq.stream = w.sampling.random_stream(DRAFT_DOMAIN)
         q = SparseProbs.of(w.sampling.probs(logits[-1:])[0])
-        return q.sample(seq.stream.uniform(seq.num_committed + index, PROPOSE_DRAW)), q
+        # Ahead, the proposal's position counts the ahead_of tokens and the guess.
+        position = seq.num_committed + (len(w.ahead_of) + 1 if w.ahead_of else 0) + index
+        return q.sample(seq.stream.uniform(position, PROPOSE_DRAW)), q
 
 
 def _attempt(failed: dict[str, Exception], rid: str, check, *args) -> bool:

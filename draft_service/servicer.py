@@ -31,7 +31,7 @@ def step_from_proto(msg: draft_pb2.DraftStepRequest, failed: dict[str, Exception
         except InvalidRequestError as error:
             failed[e.request_id] = error
             continue
-        propose.append(ProposeEntry(e.request_id, e.num_tokens, sampling))
+        propose.append(ProposeEntry(e.request_id, e.num_tokens, sampling, tuple(e.ahead_of)))
     return DraftStep(
         kv_scales_version=msg.kv_scales_version,
         kv_scales=kv_table_from_proto(msg.kv_scales) if msg.HasField("kv_scales") else None,
@@ -54,6 +54,7 @@ def result_to_proto(result: DraftStepResult) -> draft_pb2.DraftStepResponse:
                     common_pb2.SparseProbs(token_ids=q.token_ids.tolist(), probs=q.probs.tolist())
                     for q in p.draft_probs or ()
                 ],
+                guessed_token_id=p.guessed_token_id,
             )
             for p in result.proposals
         ],

@@ -128,6 +128,10 @@ class FakeDraft:
         self.refuse_once: set[str] = set()  # requests the next step refuses alone
         self.fail_after_ingest = False  # raise the next error only after ingesting the plans
 
+    def guess(self, n: int) -> int:
+        """The draft's token after n tokens: the target's, except at wrong_positions."""
+        return (next_token(n) + 1) % 97 if n in self.wrong_positions else next_token(n)
+
     async def Step(self, request, timeout=None, metadata=None):
         self.requests.append(request)
         if self.errors and not self.fail_after_ingest:
@@ -159,12 +163,14 @@ class FakeDraft:
         for entry in request.propose:
             if entry.request_id in refused:
                 continue
-            n = len(self.logs[entry.request_id])
-            ids = [
-                (next_token(n + i) + 1) % 97 if n + i in self.wrong_positions else next_token(n + i)
-                for i in range(entry.num_tokens)
-            ]
-            proposals.append(draft_pb2.Proposal(request_id=entry.request_id, token_ids=ids))
+            # Ahead (pipelining): after the ahead_of tokens and a guess of the next one.
+            n = len(self.logs[entry.request_id]) + len(entry.ahead_of)
+            proposal = draft_pb2.Proposal(request_id=entry.request_id)
+            if entry.ahead_of:
+                proposal.guessed_token_id = self.guess(n)
+                n += 1
+            proposal.token_ids.extend(self.guess(n + i) for i in range(entry.num_tokens))
+            proposals.append(proposal)
         touched = {p.request_id for p in request.ingest} | {p.request_id for p in request.propose}
         touched -= refused
         cached = [

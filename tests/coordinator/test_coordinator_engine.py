@@ -109,9 +109,10 @@ def test_every_step_ingests_including_k0_steps():
 @pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL])
 def test_draft_error_runs_k0_then_resyncs_the_whole_log(code):
     # INTERNAL too: a draft that failed mid-step may keep part of what it ingested, so the
-    # coordinator trusts none of it and rebuilds every sequence from its log.
+    # coordinator trusts none of it and rebuilds every sequence from its log. Not
+    # pipelined: one draft call per step, before the verify it feeds.
     draft, target = FakeDraft(), FakeTarget()
-    engine = make_engine(draft, target)
+    engine = make_engine(draft, target, pipeline="off")
     r = make_request("a", [1, 2, 3, 4], max_tokens=14)
 
     async def scenario():
@@ -168,12 +169,43 @@ def test_draft_deadline_miss_is_a_k0_step():
 
 def test_rebuild_every_step_reingests_from_zero_and_keeps_output():
     draft, target = FakeDraft(), FakeTarget()
-    engine = make_engine(draft, target, draft_rebuild_every_step=True)
+    engine = make_engine(draft, target, draft_rebuild_every_step=True, pipeline="off")
     r = make_request("a", [1, 2, 3], max_tokens=9)
     (result,) = asyncio.run(run(engine, r))
     assert result == (expected_output(3, 9), "length", None)
     assert all(s.ingest[0].start_position == 0 for s in draft.requests)
     assert len(draft.releases) >= len(draft.requests)
+
+
+@pytest.mark.parametrize("wrong", [(), (15,)], ids=["guesses-hold", "one-miss"])
+def test_pipelined_steps_use_the_proposals_prepared_during_the_last_verify(wrong):
+    draft, target = FakeDraft(wrong_positions=frozenset(wrong)), FakeTarget()
+    engine = make_engine(draft, target)
+    r = make_request("a", [1, 2, 3, 4], max_tokens=21)
+    (result,) = asyncio.run(run(engine, r))
+    assert result == (expected_output(4, 21), "length", None)
+    ahead = [s for s in draft.requests if s.propose and s.propose[0].ahead_of]
+    fresh = [s for s in draft.requests if s.propose and not s.propose[0].ahead_of]
+    # Every verified draft came from a draft call before its verify or was prepared
+    # during the verify before; work ahead starts once a verify accepted everything.
+    assert r.stats.num_drafts == len(fresh) + r.stats.num_ahead_used
+    assert r.stats.num_ahead_proposals == len(ahead) > r.stats.num_ahead_used > 0
+    if not wrong:  # the first two decode steps draft first; every later one was prepared
+        assert len(fresh) == 2
+    for s in ahead:  # proposed after the proposals the target was verifying
+        (verify,) = [v for v in target.requests if v.step_id == s.step_id]
+        assert list(s.propose[0].ahead_of) == list(verify.decode[0].proposal_ids)
+    assert draft.released_logs["a"] == r.token_ids[: len(draft.released_logs["a"])]
+
+
+def test_pipeline_off_drafts_then_verifies_in_turn():
+    draft, target = FakeDraft(), FakeTarget()
+    engine = make_engine(draft, target, pipeline="off")
+    r = make_request("a", [1, 2, 3, 4], max_tokens=12)
+    (result,) = asyncio.run(run(engine, r))
+    assert result == (expected_output(4, 12), "length", None)
+    assert not any(e.ahead_of for s in draft.requests for e in s.propose)
+    assert r.stats.num_ahead_proposals == r.stats.num_ahead_used == 0
 
 
 def test_eos_from_the_target_stops_the_request():

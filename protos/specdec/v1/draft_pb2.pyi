@@ -18,14 +18,16 @@ class IngestPlan(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., start_position: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProposeEntry(_message.Message):
-    __slots__ = ("request_id", "num_tokens", "sampling")
+    __slots__ = ("request_id", "num_tokens", "sampling", "ahead_of")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_OF_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     num_tokens: int
     sampling: _common_pb2.SamplingParams
-    def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    ahead_of: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., ahead_of: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DraftStepRequest(_message.Message):
     __slots__ = ("step_id", "kv_scales_version", "kv_scales", "ingest", "propose")
@@ -42,14 +44,16 @@ class DraftStepRequest(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., kv_scales_version: _Optional[int] = ..., kv_scales: _Optional[_Union[_common_pb2.KVScaleTable, _Mapping]] = ..., ingest: _Optional[_Iterable[_Union[IngestPlan, _Mapping]]] = ..., propose: _Optional[_Iterable[_Union[ProposeEntry, _Mapping]]] = ...) -> None: ...
 
 class Proposal(_message.Message):
-    __slots__ = ("request_id", "token_ids", "draft_probs")
+    __slots__ = ("request_id", "token_ids", "draft_probs", "guessed_token_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
+    GUESSED_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_probs: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseProbs]
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseProbs, _Mapping]]] = ...) -> None: ...
+    guessed_token_id: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseProbs, _Mapping]]] = ..., guessed_token_id: _Optional[int] = ...) -> None: ...
 
 class RequestError(_message.Message):
     __slots__ = ("request_id", "code", "message")

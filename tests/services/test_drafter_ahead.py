@@ -1,0 +1,95 @@
+"""Pipelining at the draft: proposals made ahead (ProposeEntry.ahead_of) are the ones the
+draft makes once the coordinator commits what they assumed, and a draft rebuilt from the
+log makes; the KV they leave behind is reused as far as the commit agrees with it."""
+
+from __future__ import annotations
+
+import pytest
+from test_drafter_lazy_ingest import PROMPT, SAMPLED, CountingRunner
+
+from draft_service.drafter import Drafter, DraftStep, IngestPlan, ProposeEntry
+from runtime.sampling import Sampling
+
+K = 4
+
+
+def step(drafter: Drafter, ingest=(), propose=()):
+    result = drafter.step(DraftStep(ingest=tuple(ingest), propose=tuple(propose)))
+    assert not result.failed
+    return result
+
+
+def probs(proposal) -> list[tuple[list[int], list[float]]]:
+    return [(q.token_ids.tolist(), q.probs.tolist()) for q in proposal.draft_probs or ()]
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), SAMPLED], ids=["greedy", "sampled"])
+def test_ahead_proposals_are_those_made_after_the_commit_and_by_a_rebuilt_draft(
+    make_runner, sampling
+):
+    piped = Drafter(make_runner())
+    (first,) = step(
+        piped, [IngestPlan("r", 0, tuple(PROMPT))], [ProposeEntry("r", K, sampling)]
+    ).proposals
+    # While the target verifies `first`, the draft proposes for the step after it.
+    ahead_entry = ProposeEntry("r", K, sampling, tuple(first.token_ids))
+    (ahead,) = step(piped, propose=[ahead_entry]).proposals
+    assert ahead.guessed_token_id is not None and len(ahead.token_ids) == K
+    committed = [*first.token_ids, ahead.guessed_token_id]  # all accepted, bonus as guessed
+
+    plain = Drafter(make_runner())
+    step(plain, [IngestPlan("r", 0, tuple(PROMPT))], [ProposeEntry("r", K, sampling)])
+    (after,) = step(
+        plain, [IngestPlan("r", len(PROMPT), tuple(committed))], [ProposeEntry("r", K, sampling)]
+    ).proposals
+    rebuilt = Drafter(make_runner())
+    log = (*PROMPT, *committed)
+    (fresh,) = step(rebuilt, [IngestPlan("r", 0, log)], [ProposeEntry("r", K, sampling)]).proposals
+    assert ahead.token_ids == after.token_ids == fresh.token_ids
+    assert probs(ahead) == probs(after) == probs(fresh)
+    assert bool(ahead.draft_probs) == (not sampling.greedy)
+
+
+def test_an_ahead_guess_that_holds_is_committed_without_a_forward(make_runner):
+    drafter = Drafter(CountingRunner(make_runner()))
+    first_step = step(drafter, [IngestPlan("r", 0, tuple(PROMPT))], [ProposeEntry("r", K)])
+    (first,) = first_step.proposals
+    ahead_entry = ProposeEntry("r", K, ahead_of=tuple(first.token_ids))
+    (ahead,) = step(drafter, propose=[ahead_entry]).proposals
+    committed = (*first.token_ids, ahead.guessed_token_id)
+    # The guess held: the next step commits it and proposes ahead of `ahead` in one call.
+    # Only the last ahead proposal lacks KV; then the guess and K - 1 proposals are fed.
+    before = drafter.runner.forward_tokens
+    result = step(
+        drafter,
+        [IngestPlan("r", len(PROMPT), committed)],
+        [ProposeEntry("r", K, ahead_of=tuple(ahead.token_ids))],
+    )
+    assert result.cached == {"r": len(PROMPT) + K + 1}
+    assert drafter.runner.forward_tokens - before == 1 + 1 + (K - 1)
+
+
+def test_a_missed_guess_keeps_the_agreeing_kv_and_proposes_as_a_rebuilt_draft(make_runner):
+    drafter = Drafter(make_runner())
+    (first,) = step(drafter, [IngestPlan("r", 0, tuple(PROMPT))], [ProposeEntry("r", K)]).proposals
+    step(drafter, propose=[ProposeEntry("r", K, ahead_of=tuple(first.token_ids))])
+    # The target accepted two proposals and then chose another token than the third.
+    other = (first.token_ids[2] + 1) % drafter.runner.vocab_size
+    committed = (*first.token_ids[:2], other)
+    (again,) = step(
+        drafter, [IngestPlan("r", len(PROMPT), committed)], [ProposeEntry("r", K)]
+    ).proposals
+    assert drafter.runner.seq_len("r") == len(PROMPT) + len(committed) + K - 1
+    rebuilt = Drafter(make_runner())
+    (fresh,) = step(
+        rebuilt, [IngestPlan("r", 0, (*PROMPT, *committed))], [ProposeEntry("r", K)]
+    ).proposals
+    assert again.token_ids == fresh.token_ids
+
+
+def test_ahead_of_past_max_model_len_is_refused_alone(make_runner):
+    drafter = Drafter(make_runner(max_model_len=len(PROMPT) + 6))
+    step(drafter, [IngestPlan("r", 0, tuple(PROMPT))])
+    result = drafter.step(DraftStep(propose=(ProposeEntry("r", K, ahead_of=(1, 2)),)))
+    assert "max_model_len" in str(result.failed["r"])
+    assert drafter.num_committed("r") == len(PROMPT)
