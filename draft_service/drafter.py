@@ -348,8 +348,11 @@ class Drafter:
         tokens: dict[str, list[int]] = {w.request_id: [] for w in work}
         probs: dict[str, list[SparseProbs]] = {w.request_id: [] for w in work}
         logits = first
-        for position in range(max((w.num_picks for w in work), default=0)):
+        num_picks = max((w.num_picks for w in work), default=0)
+        for position in range(num_picks):
             active = [w for w in work if w.num_picks > position]
+            if position == 1 and self._greedy_rest(active, num_picks, tokens):
+                break
             if position > 0:
                 chunks = [SequenceChunk(w.request_id, [tokens[w.request_id][-1]]) for w in active]
                 outs = self.runner.extend(chunks)
@@ -371,6 +374,22 @@ class Drafter:
             guess = picked.pop(0) if w.ahead_of else None
             proposals.append(Proposal(w.request_id, picked, probs[w.request_id] or None, guess))
         return proposals
+
+    def _greedy_rest(
+        self, active: list[_Work], num_picks: int, tokens: dict[str, list[int]]
+    ) -> bool:
+        """Picks 1 onwards in one C call (``ModelRunner.decode_greedy``) when every request
+        still picking is greedy and picks as many; False (nothing done) otherwise."""
+        if not all(w.sampling.greedy and w.num_picks == num_picks for w in active):
+            return False
+        ids = [w.request_id for w in active]
+        rest = self.runner.decode_greedy(ids, [tokens[rid][-1] for rid in ids], num_picks - 1)
+        if rest is None:
+            return False
+        for rid, picked in zip(ids, rest, strict=True):
+            self._seqs[rid].tail += [tokens[rid][-1], *picked[:-1]]
+            tokens[rid] += picked
+        return True
 
     def _pick(self, w: _Work, logits: torch.Tensor, index: int) -> tuple[int, SparseProbs | None]:
         """Greedy: argmax. Sampling: a draw from q and q itself, q being the request's

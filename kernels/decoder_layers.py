@@ -45,6 +45,34 @@ class _Step(ctypes.Structure):
     ]
 
 
+class _Greedy(ctypes.Structure):
+    _fields_ = [
+        ("steps", _I32),
+        ("embed", _P),
+        ("final_norm", _P),
+        ("final_eps", _F32),
+        ("head", _P),
+        ("head_rows", _I32),
+        ("head_ids", _P),
+        ("positions", _P),
+        ("kv_rows", _P),
+        ("kv_lens", _P),
+    ]
+
+
+@dataclass(frozen=True)
+class GreedyHead:
+    """What turns the last layer's output into a token: the final RMSNorm and the head
+    (packed like the layers' linears; ``token_ids`` maps its rows to vocabulary ids when
+    it covers part of the vocabulary), after the embedding table that feeds the layers."""
+
+    embed: torch.Tensor  # float32 [vocab, hidden]
+    norm: torch.Tensor  # float32 [hidden]
+    eps: float
+    head: torch.Tensor  # packed [rows / 32, hidden, 32]
+    token_ids: torch.Tensor | None  # int64 [rows]
+
+
 # The packed linears' dtype -> csrc/decoder_layers.c's weight_kind.
 WEIGHT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 LINEARS = ("qkv", "o_proj", "gate_up", "down")
@@ -117,6 +145,7 @@ class DecoderLayers:
                 setattr(entry, name, None if tensor is None else tensor.data_ptr())
         self._table = table
         self._kernel = load_library().specdec_decoder_layers
+        self._greedy = load_library().specdec_greedy_decode
 
     def __call__(
         self,
@@ -140,7 +169,56 @@ class DecoderLayers:
         out = hidden.contiguous().clone()
         positions = positions.contiguous()
         scratch = torch.empty(tokens * s.scratch_floats_per_token, dtype=torch.float32)
-        spec = _Step(
+        spec = self._step(tokens, positions, cos, sin_signed, step)
+        status = self._kernel(self._table, self.num_layers, ctypes.byref(spec), out.data_ptr(),
+                              scratch.data_ptr())  # fmt: skip
+        _check(status)
+        return out
+
+    def greedy(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin_signed: torch.Tensor,
+        step: NativeStep,
+        head: GreedyHead,
+    ) -> torch.Tensor:
+        """Greedy decoding in one C call: each of the batch's sequences feeds its token of
+        ``tokens [B]`` (int64), picks the argmax of the head's logits, and feeds that next,
+        ``steps`` times; returns the picks ``[steps, B]``. ``positions``,
+        ``step.kv_rows`` and ``step.kv_lens`` hold one row per forward (``[steps, B]``,
+        ``[steps, 2 B]``, ``[steps, B]``); the page tables cover every forward's tokens."""
+        s = self.shape
+        steps, batch = positions.shape
+        if tokens.dtype != torch.int64 or tokens.shape != (batch,):
+            raise ValueError(f"tokens must be int64 [{batch}]")
+        if step.kv_rows.shape != (steps, 2 * batch) or step.kv_lens.shape != (steps, batch):
+            raise ValueError("the step's KV rows or lengths do not match [steps, batch]")
+        if head.head.dtype != next(d for d, k in WEIGHT_KINDS.items() if k == self.weight_kind):
+            raise ValueError("the head must be packed in the layers' dtype")
+        rows = head.head.shape[0] * head.head.shape[2]
+        out = torch.empty(steps, batch, dtype=torch.int64)
+        hidden = torch.empty(batch, s.hidden, dtype=torch.float32)
+        scratch = torch.empty(batch * s.scratch_floats_per_token, dtype=torch.float32)
+        logits = torch.empty(batch, rows, dtype=torch.float32)
+        spec = self._step(batch, positions[0], cos, sin_signed, step)
+        greedy = _Greedy(
+            steps, head.embed.data_ptr(), head.norm.data_ptr(), head.eps, head.head.data_ptr(),
+            rows, None if head.token_ids is None else head.token_ids.data_ptr(),
+            positions.data_ptr(), step.kv_rows.data_ptr(), step.kv_lens.data_ptr(),
+        )  # fmt: skip
+        status = self._greedy(
+            self._table, self.num_layers, ctypes.byref(spec), ctypes.byref(greedy),
+            tokens.data_ptr(), out.data_ptr(), hidden.data_ptr(), scratch.data_ptr(),
+            logits.data_ptr(),
+        )  # fmt: skip
+        _check(status)
+        return out
+
+    def _step(self, tokens, positions, cos, sin_signed, step: NativeStep) -> _Step:
+        s = self.shape
+        return _Step(
             tokens, s.hidden, s.num_heads, s.num_kv_heads, s.head_dim, s.intermediate,
             s.eps, s.qk_eps, step.sm_scale, cos.data_ptr(), sin_signed.data_ptr(),
             positions.data_ptr(), ctypes.addressof(step.kv_layers), step.kv_rows.data_ptr(),
@@ -148,8 +226,8 @@ class DecoderLayers:
             step.page_indices.data_ptr(), step.qo_indptr.shape[0] - 1, step.page_size,
             self.weight_kind,
         )  # fmt: skip
-        status = self._kernel(self._table, self.num_layers, ctypes.byref(spec), out.data_ptr(),
-                              scratch.data_ptr())  # fmt: skip
-        if status != 0:
-            raise MemoryError("the decoder layers could not allocate attention scratch memory")
-        return out
+
+
+def _check(status: int) -> None:
+    if status != 0:
+        raise MemoryError("the decoder layers could not allocate attention scratch memory")

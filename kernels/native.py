@@ -52,9 +52,15 @@ SIGNATURES: dict[str, list[type]] = {
         for name in ("specdec_linear", "specdec_linear_bf16", "specdec_linear_f16")
     },
     "specdec_decoder_layers": [_P, _I32, _P, _P, _P],
+    "specdec_greedy_decode": [_P, _I32, *[_P] * 7],
     "specdec_set_num_threads": [_I32],
 }
-RETURNS_STATUS = {"specdec_paged_attention", "specdec_decoder_layers", "specdec_set_num_threads"}
+RETURNS_STATUS = {
+    "specdec_paged_attention",
+    "specdec_decoder_layers",
+    "specdec_greedy_decode",
+    "specdec_set_num_threads",
+}
 
 
 class NativeBuildError(RuntimeError):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import dense_ops
-from kernels.decoder_layers import DecoderLayers, Shape
+from kernels.decoder_layers import DecoderLayers, GreedyHead, Shape
 from runtime.context import ForwardContext
 from runtime.model_config import ModelConfig
 from runtime.rotary import RotaryEmbedding, RotaryStep, apply_rotary
@@ -275,6 +275,20 @@ class CausalLM(nn.Module):
             return logits
         full = logits.new_full((logits.shape[0], self.config.vocab_size), float("-inf"))
         return full.index_copy_(1, self.head_token_ids, logits)
+
+    def greedy_head(self) -> GreedyHead | None:
+        """What the C greedy loop (``DecoderLayers.greedy``) needs past the layers; None
+        unless the layers run in C and the head is packed."""
+        if self.model.native_layers is None or self.lm_head.packed_weight is None:
+            return None
+        norm = self.model.norm
+        return GreedyHead(
+            embed=self.model.embed_tokens.weight.detach(),
+            norm=norm.weight.detach(),
+            eps=norm.eps,
+            head=self.lm_head.packed_weight,
+            token_ids=self.head_token_ids,
+        )
 
     def use_cpu_kernels(self, enabled: bool, weight_dtype: torch.dtype = torch.float32) -> bool:
         """Run the linears, RMSNorm, q/k norm + RoPE and SiLU-and-mul as C kernels

@@ -14,6 +14,7 @@ import torch
 
 from kernels.attention import build_attention_metadata, create_attention_backend
 from kernels.attention.cpu_backend import CpuAttentionBackend
+from kernels.decoder_layers import NativeStep
 from kernels.fp8 import is_fp8
 from kernels.paged_kv_cache import PagedKVCache
 from runtime.config import RuntimeConfig
@@ -179,8 +180,7 @@ class ModelRunner:
         try:
             logits = self._forward(active, seq_ids, query_lens) if active else None
         except BaseException:
-            for seq_id, length in zip(seq_ids, old_lens, strict=True):
-                self.cache.truncate(seq_id, length)
+            self._truncate_to(seq_ids, old_lens)
             raise
         self.forward_seconds += time.perf_counter() - start
         for seq_id in seq_ids:
@@ -195,6 +195,76 @@ class ModelRunner:
             results.append(logits[offset : offset + chunk.num_logits])
             offset += chunk.num_logits
         return results
+
+    @torch.inference_mode()
+    def decode_greedy(
+        self, seq_ids: list[str], tokens: list[int], steps: int
+    ) -> list[list[int]] | None:
+        """Greedy decoding with no Python between forwards: each sequence feeds its token
+        of ``tokens``, then the argmax of its logits, ``steps`` times, in one C call
+        (``DecoderLayers.greedy``: the kernels ``extend`` runs, so the tokens ``extend``
+        and argmax would pick). Returns each sequence's ``steps`` picks; the sequence then
+        holds ``steps`` more tokens (every pick but the last). None, with nothing changed,
+        where the C loop does not apply (PyTorch path, FP8 KV cache, reference attention).
+        Errors as ``extend``'s, all-or-nothing."""
+        layers, head = self.model.model.native_layers, self.model.greedy_head()
+        if layers is None or head is None or not self.cache.writes_in_c or steps < 1:
+            return None
+        self._validate(
+            [SequenceChunk(s, [t] * steps, 0) for s, t in zip(seq_ids, tokens, strict=True)]
+        )
+        old_lens = [self.cache.seq_len(s) for s in seq_ids]
+        self.cache.reserve(seq_ids, [steps] * len(seq_ids))
+        start = time.perf_counter()
+        try:
+            picks = self._greedy_forward(layers, head, seq_ids, tokens, steps, old_lens)
+        except BaseException:
+            self._truncate_to(seq_ids, old_lens)
+            raise
+        if picks is None:
+            self._truncate_to(seq_ids, old_lens)
+            return None
+        self.forward_seconds += time.perf_counter() - start
+        for seq_id in seq_ids:
+            self._seq_tables[seq_id] = self._kv_scales
+        return picks.t().tolist()
+
+    def _truncate_to(self, seq_ids: list[str], lengths: list[int]) -> None:
+        for seq_id, length in zip(seq_ids, lengths, strict=True):
+            self.cache.truncate(seq_id, length)
+
+    def _greedy_forward(
+        self, layers, head, seq_ids, tokens, steps, old_lens
+    ) -> torch.Tensor | None:
+        mc, batch = self.model_config, len(seq_ids)
+        backend = self.backend
+        group = mc.num_heads // mc.num_kv_heads  # query rows per KV head at one token each
+        if not isinstance(backend, CpuAttentionBackend) or group > backend.native_max_rows:
+            return None
+        meta = build_attention_metadata(self.cache, seq_ids, [steps] * batch)
+
+        def by_forward(t: torch.Tensor) -> torch.Tensor:  # per sequence -> per forward
+            return t.view(batch, steps).t().contiguous()
+
+        rope = self.model.model.rotary_emb.for_step(meta.positions, torch.float32, in_kernel=True)
+        rows = self.cache.slot_rows(by_forward(meta.slot_mapping).flatten())
+        n = batch * steps
+        kv_rows = torch.cat([rows.rows[:n].view(steps, batch), rows.rows[n:].view(steps, batch)], 1)
+        kv_lens = torch.tensor(old_lens).unsqueeze(0) + torch.arange(1, steps + 1).unsqueeze(1)
+        step = NativeStep(
+            kv_layers=self.cache.layer_pointers,
+            kv_rows=kv_rows.contiguous(),
+            qo_indptr=torch.arange(batch + 1),
+            kv_lens=kv_lens.contiguous(),
+            page_indptr=meta.kv_indptr.to(torch.int64),
+            page_indices=meta.kv_indices.to(torch.int64),
+            page_size=meta.page_size,
+            sm_scale=self._sm_scale,
+        )
+        first = torch.tensor(tokens, dtype=torch.int64)
+        return layers.greedy(
+            first, by_forward(meta.positions), rope.cos, rope.sin_signed, step, head
+        )
 
     def _validate(self, chunks: list[SequenceChunk]) -> None:
         seen: set[str] = set()

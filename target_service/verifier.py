@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from kernels.paged_kv_cache import OutOfPagesError
 from kernels.random_stream import SAMPLE_DRAW, TARGET_DOMAIN, RandomStream
 from kernels.sampling import SparseProbs, sample_token
 from kernels.verify import chain_speculative_sampling, verify_greedy
@@ -163,6 +164,9 @@ class Verifier:
             )
         results = {r.request_id: r for r in self.verify([], decode, failed)}
         live = [e for e in decode if results[e.request_id].error is None]
+        live = [e for e in live if not self._stops(e, results[e.request_id].token_ids)]
+        if live and self._greedy_steps(live, num_steps, results):
+            return list(results.values())
         for done in range(1, num_steps):
             live = [e for e in live if not self._stops(e, results[e.request_id].token_ids)]
             if not live:
@@ -193,6 +197,42 @@ class Verifier:
                     num_cached_tokens=r.num_cached_tokens,
                 )
         return list(results.values())
+
+    def _greedy_steps(
+        self, live: list[VerifyEntry], num_steps: int, results: dict[str, VerifyResult]
+    ) -> bool:
+        """The steps after the first in one C call (``ModelRunner.decode_greedy``) when
+        every entry is greedy; each entry then keeps its tokens up to its stop or budget
+        and drops the KV past them. False (nothing done) where the C loop does not apply
+        or the cache cannot hold every step at once."""
+        if not all(e.sampling.greedy for e in live):
+            return False
+        budget = {e.request_id: min(e.max_new_tokens or num_steps, num_steps) for e in live}
+        steps = max(budget.values()) - 1
+        if any(e.start_position + 1 + steps > self.runner.max_model_len for e in live):
+            return False  # every entry runs every step: one would pass its end
+        last = [results[e.request_id].token_ids[-1] for e in live]
+        try:
+            picks = self.runner.decode_greedy([e.request_id for e in live], last, steps)
+        except OutOfPagesError:
+            return False
+        if picks is None:
+            return False
+        self.num_steps += steps
+        for e, picked in zip(live, picks, strict=True):
+            before = results[e.request_id]
+            emitted = before.token_ids + picked
+            keep = next(
+                n
+                for n in range(1, len(emitted) + 1)
+                if self._stops(e, emitted[:n]) or n == len(emitted)
+            )
+            held = e.start_position + keep  # every emitted token but the last
+            self.runner.truncate(e.request_id, held)
+            results[e.request_id] = replace(
+                before, token_ids=emitted[:keep], num_cached_tokens=held
+            )
+        return True
 
     @staticmethod
     def _stops(e: VerifyEntry, emitted: list[int]) -> bool:

@@ -10,6 +10,7 @@
  * trusts them. */
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "ops.h"
 
@@ -43,6 +44,12 @@ static void linear_f32(const float *x, int64_t ldx, const void *packed, const fl
     specdec_linear(x, ldx, packed, bias, residual, ldr, y, M, K, N);
 }
 
+static linear_fn linear_for(int weight_kind) {
+    return weight_kind == 1   ? specdec_linear_bf16
+           : weight_kind == 2 ? specdec_linear_f16
+                              : linear_f32;
+}
+
 /* hidden [tokens][hidden] in, the last layer's output in `hidden` again; `scratch` holds
  * tokens x (2 hidden + qkv + q + 3 intermediate) floats. Returns 0, or -1 when the
  * attention kernel cannot allocate its scratch. */
@@ -58,9 +65,7 @@ int specdec_decoder_layers(const struct specdec_layer *layers, int num_layers,
     float *attn = qkv + T * qkv_width;
     float *gate_up = attn + T * q_width;
     float *act = gate_up + T * 2 * I;
-    const linear_fn linear = s->weight_kind == 1   ? specdec_linear_bf16
-                             : s->weight_kind == 2 ? specdec_linear_f16
-                                                   : linear_f32;
+    const linear_fn linear = linear_for(s->weight_kind);
     for (int l = 0; l < num_layers; ++l) {
         const struct specdec_layer *w = &layers[l];
         specdec_rms_norm(hidden, H, w->input_norm, s->eps, normed, H, T, H);
@@ -80,6 +85,60 @@ int specdec_decoder_layers(const struct specdec_layer *layers, int num_layers,
         linear(normed, H, w->gate_up, w->gate_up_bias, NULL, 0, gate_up, T, H, 2 * I);
         specdec_silu_and_mul(gate_up, T, I, act);
         linear(act, I, w->down, w->down_bias, mid, H, hidden, T, I, H);
+    }
+    return 0;
+}
+
+/* Greedy decoding, `steps` tokens per sequence of the step's batch (one token each per
+ * forward): the embedding row of each sequence's token, every layer, the final RMSNorm,
+ * the head and its argmax, whose token the next forward feeds. Per forward t the step
+ * takes positions[t], kv_rows[t] (K rows then V rows) and kv_lens[t]; the page tables
+ * already hold every token's page. Same kernels as the per-op path, so each forward's
+ * logits equal extend's; ties go to the smaller token id, as torch.argmax over the full
+ * vocabulary. */
+struct specdec_greedy {
+    int steps;
+    const float *embed, *final_norm;
+    float final_eps;
+    const void *head; /* packed as the layers' linears: [rows / 32][hidden][32] */
+    int head_rows;
+    const int64_t *head_ids; /* row -> token id, NULL when the head covers the vocabulary */
+    /* [steps][batch], [steps][2 batch], [steps][batch] */
+    const int64_t *positions, *kv_rows, *kv_lens;
+};
+
+/* tokens [batch] in: the first token each sequence feeds; out [steps][batch] the picks.
+ * hidden holds batch x hidden floats, scratch the layers' scratch, logits batch x
+ * head_rows. Returns 0, or the layers' error. */
+int specdec_greedy_decode(const struct specdec_layer *layers, int num_layers,
+                          const struct specdec_step *step, const struct specdec_greedy *g,
+                          const int64_t *tokens, int64_t *out, float *hidden, float *scratch,
+                          float *logits) {
+    struct specdec_step s = *step;
+    const int64_t B = s.tokens;
+    const int H = s.hidden;
+    const linear_fn linear = linear_for(s.weight_kind);
+    for (int t = 0; t < g->steps; ++t) {
+        const int64_t *feed = t == 0 ? tokens : out + (int64_t)(t - 1) * B;
+        for (int64_t b = 0; b < B; ++b)
+            memcpy(hidden + b * H, g->embed + feed[b] * H, sizeof(float) * (size_t)H);
+        s.positions = g->positions + (int64_t)t * B;
+        s.kv_rows = g->kv_rows + (int64_t)t * 2 * B;
+        s.kv_lens = g->kv_lens + (int64_t)t * B;
+        const int status = specdec_decoder_layers(layers, num_layers, &s, hidden, scratch);
+        if (status != 0) return status;
+        specdec_rms_norm(hidden, H, g->final_norm, g->final_eps, scratch, H, B, H);
+        linear(scratch, H, g->head, NULL, NULL, 0, logits, B, H, g->head_rows);
+        for (int64_t b = 0; b < B; ++b) {
+            const float *row = logits + b * g->head_rows;
+            int best = 0;
+            for (int r = 1; r < g->head_rows; ++r) {
+                const int64_t id = g->head_ids ? g->head_ids[r] : r;
+                const int64_t best_id = g->head_ids ? g->head_ids[best] : best;
+                if (row[r] > row[best] || (row[r] == row[best] && id < best_id)) best = r;
+            }
+            out[(int64_t)t * B + b] = g->head_ids ? g->head_ids[best] : best;
+        }
     }
     return 0;
 }

@@ -93,3 +93,25 @@ def test_ahead_of_past_max_model_len_is_refused_alone(make_runner):
     result = drafter.step(DraftStep(propose=(ProposeEntry("r", K, ahead_of=(1, 2)),)))
     assert "max_model_len" in str(result.failed["r"])
     assert drafter.num_committed("r") == len(PROMPT)
+
+
+def test_greedy_proposals_from_one_c_call_equal_those_made_forward_by_forward(make_runner):
+    def drafter(c_loop: bool) -> Drafter:
+        runner = make_runner(kv_cache_dtype="auto")  # the C loop needs a float32 cache
+        if not c_loop:
+            runner.decode_greedy = lambda *args: None
+        return Drafter(CountingRunner(runner))
+
+    def proposals(d: Drafter) -> list[list[int]]:
+        other = PROMPT[3:]
+        plans = [IngestPlan("r", 0, tuple(PROMPT)), IngestPlan("s", 0, tuple(other))]
+        first = step(d, plans, [ProposeEntry("r", K), ProposeEntry("s", K)]).proposals
+        ahead = [ProposeEntry(p.request_id, K, ahead_of=tuple(p.token_ids)) for p in first]
+        second = step(d, propose=ahead).proposals
+        assert [d.runner.seq_len(rid) for rid in "rs"] == [len(PROMPT) + 2 * K, len(other) + 2 * K]
+        return [p.token_ids for p in first + second] + [[p.guessed_token_id for p in second]]
+
+    native, stepwise = drafter(True), drafter(False)
+    assert proposals(native) == proposals(stepwise)
+    # Forward by forward: one extend per pick after the first; one C call does the rest.
+    assert native.runner.forward_tokens < stepwise.runner.forward_tokens

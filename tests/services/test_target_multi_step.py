@@ -3,12 +3,34 @@ one Verify emit exactly what as many one-step Verify calls would."""
 
 from __future__ import annotations
 
+import functools
+
 import grpc
 import pytest
 from service_testing import PAGE_SIZE, chunk, entry, greedy_decode, status_of, verify
 from test_target_service import PROMPT
 
-from protos.specdec.v1 import target_pb2
+from protos.specdec.v1 import target_pb2, target_pb2_grpc
+from target_service.server import create_server
+
+
+@pytest.fixture(params=["fp8", "auto"], ids=["fp8-forward-by-forward", "auto-one-c-call"])
+def target_kv(request, start_server):
+    """A target whose greedy multi-step runs forward by forward (FP8 cache) or in one C
+    call (``auto``); its runner counts the C calls."""
+    server = start_server(create_server, kv_cache_dtype=request.param)
+    runner = server.runner
+    native = runner.decode_greedy
+    runner.c_calls = 0
+
+    def counted(*args):
+        picks = native(*args)
+        runner.c_calls += picks is not None
+        return picks
+
+    runner.decode_greedy = counted
+    server.uses_c_loop = request.param == "auto"
+    return server, target_pb2_grpc.TargetServiceStub(server.channel)
 
 
 def multi_step(stub, entries, num_steps) -> list[target_pb2.VerifyResult]:
@@ -28,8 +50,9 @@ def start(stub, rid, prompt, **sampling) -> int:
     return first.token_ids[0]
 
 
-def test_greedy_multi_step_equals_one_token_per_forward(target, make_runner):
-    server, stub = target
+def test_greedy_multi_step_equals_one_token_per_forward(target_kv, make_runner):
+    server, stub = target_kv
+    make_runner = functools.partial(make_runner, kv_cache_dtype=server.runner.kv_cache_dtype)
     short = PROMPT[:11]
     expected = {
         "a": greedy_decode(make_runner(), PROMPT, 9),
@@ -52,6 +75,7 @@ def test_greedy_multi_step_equals_one_token_per_forward(target, make_runner):
         assert r.num_cached_tokens == len(prompt) + len(r.token_ids)
         assert server.runner.seq_len(r.request_id) == r.num_cached_tokens
         assert r.num_accepted == 0
+    assert server.runner.c_calls == server.uses_c_loop
 
 
 def test_seeded_sampling_draws_the_same_tokens_in_one_multi_step_as_step_by_step(target):
@@ -69,15 +93,23 @@ def test_seeded_sampling_draws_the_same_tokens_in_one_multi_step_as_step_by_step
     assert len(set(stepwise)) > 3  # a real sample, not a repeated token
 
 
-def test_an_entry_stops_after_its_stop_token(target, make_runner):
-    server, stub = target
+def test_an_entry_stops_after_its_stop_token_while_another_goes_on(target_kv, make_runner):
+    server, stub = target_kv
+    make_runner = functools.partial(make_runner, kv_cache_dtype=server.runner.kv_cache_dtype)
     expected = greedy_decode(make_runner(), PROMPT, 7)
     stop = expected[3]
     emitted = expected[1 : expected.index(stop, 1) + 1]  # up to the stop's first repeat
-    first = start(stub, "a", PROMPT)
-    (r,) = multi_step(stub, [capped(entry("a", len(PROMPT), first, []), stops=[stop])], 6)
-    assert list(r.token_ids) == emitted
+    other = PROMPT[:13]
+    first = {"a": start(stub, "a", PROMPT), "b": start(stub, "b", other)}
+    stopping = capped(entry("a", len(PROMPT), first["a"], []), stops=[stop])
+    results = multi_step(stub, [stopping, entry("b", len(other), first["b"], [])], 6)
+    assert [list(r.token_ids) for r in results] == [
+        emitted,
+        greedy_decode(make_runner(), other, 7)[1:],
+    ]
     assert server.runner.seq_len("a") == len(PROMPT) + len(emitted)
+    assert server.runner.seq_len("b") == len(other) + 6
+    assert server.runner.c_calls == server.uses_c_loop
 
 
 def test_a_full_cache_ends_multi_step_early_and_the_next_verify_reports_it(target, make_runner):

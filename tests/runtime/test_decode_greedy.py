@@ -1,0 +1,82 @@
+"""Greedy decoding in one C call (ModelRunner.decode_greedy) picks the tokens, and leaves
+the KV cache, that extend + argmax one forward at a time would."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_head_subset import with_subset_head
+
+from runtime import ModelRunner, SequenceChunk
+
+PROMPTS = {"a": list(range(3, 22)), "b": [9, 4, 7, 30, 2]}
+STEPS = 13  # crosses several 4-token pages
+
+
+def runner_for(path, **overrides) -> ModelRunner:
+    config = dict(num_pages=64, page_size=4, attention_backend="cpu", max_model_len=64)
+    return ModelRunner.from_pretrained(path, **{**config, **overrides})
+
+
+def prefill(runner: ModelRunner) -> list[int]:
+    """Opens and prefills every prompt; returns each one's first greedy token."""
+    for seq_id in PROMPTS:
+        runner.open(seq_id)
+    chunks = [SequenceChunk(s, p) for s, p in PROMPTS.items()]
+    return [int(out[-1].argmax()) for out in runner.extend(chunks)]
+
+
+def one_forward_at_a_time(runner: ModelRunner, first: list[int]) -> list[list[int]]:
+    tokens, picks = first, [[] for _ in PROMPTS]
+    for _ in range(STEPS):
+        outs = runner.extend([SequenceChunk(s, [t]) for s, t in zip(PROMPTS, tokens, strict=True)])
+        tokens = [int(out[-1].argmax()) for out in outs]
+        for picked, token in zip(picks, tokens, strict=True):
+            picked.append(token)
+    return picks
+
+
+def next_logits(runner: ModelRunner, picks: list[list[int]]) -> torch.Tensor:
+    """Logits of one more forward: equal only if the cached KV is."""
+    outs = runner.extend([SequenceChunk(s, [p[-1]]) for s, p in zip(PROMPTS, picks, strict=True)])
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("head", ["full", "subset"])
+def test_one_c_call_picks_what_extend_and_argmax_pick(tmp_path, tiny_checkpoint, dtype, head):
+    path = tiny_checkpoint(tmp_path / "full", "llama", tie_word_embeddings=False)
+    if head == "subset":  # a frequency-ranked head: rows in no particular id order
+        ids = torch.randperm(256, generator=torch.Generator().manual_seed(3))[:96].tolist()
+        path = with_subset_head(path, tmp_path / "subset", ids, tied=False)
+    stepwise, native = runner_for(path, dtype=dtype), runner_for(path, dtype=dtype)
+    first = prefill(stepwise)
+    assert prefill(native) == first
+    expected = one_forward_at_a_time(stepwise, first)
+    picks = native.decode_greedy(list(PROMPTS), first, STEPS)
+    assert picks == expected
+    if head == "subset":
+        assert all(t in ids for p in picks for t in p)
+    for seq_id, prompt in PROMPTS.items():
+        assert native.seq_len(seq_id) == stepwise.seq_len(seq_id) == len(prompt) + STEPS
+    assert torch.equal(next_logits(native, picks), next_logits(stepwise, picks))
+
+
+@pytest.mark.parametrize(
+    "overrides", [{"kv_cache_dtype": "fp8"}, {"attention_backend": "reference"}], ids=str
+)
+def test_where_the_c_loop_does_not_apply_nothing_changes(tiny_model_path, overrides):
+    runner = runner_for(tiny_model_path, **overrides)
+    first = prefill(runner)
+    assert runner.decode_greedy(list(PROMPTS), first, STEPS) is None
+    assert [runner.seq_len(s) for s in PROMPTS] == [len(p) for p in PROMPTS.values()]
+
+
+def test_a_sequence_that_would_pass_max_model_len_fails_the_call_and_changes_nothing(
+    tiny_model_path,
+):
+    runner = runner_for(tiny_model_path, max_model_len=len(PROMPTS["a"]) + STEPS - 1)
+    first = prefill(runner)
+    with pytest.raises(ValueError, match="max_model_len"):
+        runner.decode_greedy(list(PROMPTS), first, STEPS)
+    assert [runner.seq_len(s) for s in PROMPTS] == [len(p) for p in PROMPTS.values()]
