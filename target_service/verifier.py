@@ -168,7 +168,6 @@ class Verifier:
         if live and self._greedy_steps(live, num_steps, results):
             return list(results.values())
         for done in range(1, num_steps):
-            live = [e for e in live if not self._stops(e, results[e.request_id].token_ids)]
             if not live:
                 break
             step = [
@@ -196,6 +195,7 @@ class Verifier:
                     token_ids=before.token_ids + r.token_ids,
                     num_cached_tokens=r.num_cached_tokens,
                 )
+            live = [e for e in live if not self._stops(e, results[e.request_id].token_ids)]
         return list(results.values())
 
     def _greedy_steps(
@@ -221,11 +221,9 @@ class Verifier:
         self.num_steps += steps
         for e, picked in zip(live, picks, strict=True):
             before = results[e.request_id]
-            emitted = before.token_ids + picked
+            emitted = (before.token_ids + picked)[: budget[e.request_id]]
             keep = next(
-                n
-                for n in range(1, len(emitted) + 1)
-                if self._stops(e, emitted[:n]) or n == len(emitted)
+                (n for n, t in enumerate(emitted, 1) if t in e.stop_token_ids), len(emitted)
             )
             held = e.start_position + keep  # every emitted token but the last
             self.runner.truncate(e.request_id, held)
