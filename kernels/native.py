@@ -37,6 +37,7 @@ CFLAGS = (
     "-fassociative-math",
     "-freciprocal-math",
     "-ffinite-math-only",
+    "-ffp-contract=fast",
 )
 
 _P, _I32, _I64, _F32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float

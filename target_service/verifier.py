@@ -151,7 +151,9 @@ class Verifier:
         """Multi-step decoding: up to ``num_steps`` K = 0 steps back to back, each feeding
         every entry the token it emitted last, so one request does the work of several.
 
-        The first step is ``verify``'s, errors included. An entry leaves the batch after
+        A greedy batch runs every step in one C call (``_greedy_decode``), its entries
+        checked as ``verify`` checks them; otherwise the first step is ``verify``'s, errors
+        included. An entry leaves the batch after
         ``max_new_tokens`` tokens or a stop token; a later step that fails (the cache is
         full, or the entry now is bad) ends the entries it would have extended where they
         are, and the next request reports the error. Each token is drawn exactly as one
@@ -162,11 +164,13 @@ class Verifier:
             raise InvalidRequestError(
                 "num_steps > 1 runs decode entries without proposals only (K = 0)"
             )
+        if decode and all(e.sampling.greedy for e in decode):
+            greedy = self._greedy_decode(decode, num_steps, failed)
+            if greedy is not None:
+                return greedy
         results = {r.request_id: r for r in self.verify([], decode, failed)}
         live = [e for e in decode if results[e.request_id].error is None]
         live = [e for e in live if not self._stops(e, results[e.request_id].token_ids)]
-        if live and self._greedy_steps(live, num_steps, results):
-            return list(results.values())
         for done in range(1, num_steps):
             if not live:
                 break
@@ -198,39 +202,41 @@ class Verifier:
             live = [e for e in live if not self._stops(e, results[e.request_id].token_ids)]
         return list(results.values())
 
-    def _greedy_steps(
-        self, live: list[VerifyEntry], num_steps: int, results: dict[str, VerifyResult]
-    ) -> bool:
-        """The steps after the first in one C call (``ModelRunner.decode_greedy``) when
-        every entry is greedy; each entry then keeps its tokens up to its stop or budget
-        and drops the KV past them. False (nothing done) where the C loop does not apply
-        or the cache cannot hold every step at once."""
-        if not all(e.sampling.greedy for e in live):
-            return False
+    def _greedy_decode(
+        self, decode: list[VerifyEntry], num_steps: int, failed: dict[str, Exception] | None
+    ) -> list[VerifyResult] | None:
+        """Every step in one C call (``ModelRunner.decode_greedy``) for greedy entries,
+        checked as ``verify`` checks them; each entry then keeps its tokens up to its stop
+        or budget and drops the KV past them. None (nothing done) where the C loop does not
+        apply or the cache cannot hold every step at once: the caller steps instead."""
+        failed = dict(failed or {})
+        self._check_ids([e.request_id for e in decode], failed)
+        live = [e for e in decode if _passes(self._check_entry, e, failed)]
         budget = {e.request_id: min(e.max_new_tokens or num_steps, num_steps) for e in live}
-        steps = max(budget.values()) - 1
-        if any(e.start_position + 1 + steps > self.runner.max_model_len for e in live):
-            return False  # every entry runs every step: one would pass its end
-        last = [results[e.request_id].token_ids[-1] for e in live]
-        try:
-            picks = self.runner.decode_greedy([e.request_id for e in live], last, steps)
-        except OutOfPagesError:
-            return False
-        if picks is None:
-            return False
-        self.num_steps += steps
-        for e, picked in zip(live, picks, strict=True):
-            before = results[e.request_id]
-            emitted = (before.token_ids + picked)[: budget[e.request_id]]
-            keep = next(
-                (n for n, t in enumerate(emitted, 1) if t in e.stop_token_ids), len(emitted)
-            )
-            held = e.start_position + keep  # every emitted token but the last
-            self.runner.truncate(e.request_id, held)
-            results[e.request_id] = replace(
-                before, token_ids=emitted[:keep], num_cached_tokens=held
-            )
-        return True
+        steps = max(budget.values(), default=0)
+        if any(e.start_position + steps > self.runner.max_model_len for e in live):
+            return None  # every entry runs every step: one would pass its end
+        results = []
+        if live:
+            ids = [e.request_id for e in live]
+            try:
+                picks = self.runner.decode_greedy(ids, [e.last_token_id for e in live], steps)
+            except OutOfPagesError:
+                return None
+            if picks is None:
+                return None
+            self.num_steps += steps
+            for e, picked in zip(live, picks, strict=True):
+                emitted = picked[: budget[e.request_id]]
+                keep = next(
+                    (n for n, t in enumerate(emitted, 1) if t in e.stop_token_ids), len(emitted)
+                )
+                held = e.start_position + keep  # the fed token and every kept one but the last
+                self.runner.truncate(e.request_id, held)
+                results.append(VerifyResult(e.request_id, emitted[:keep], 0, held))
+        return results + [
+            VerifyResult(rid, [], 0, self._held(rid), error=e) for rid, e in failed.items()
+        ]
 
     @staticmethod
     def _stops(e: VerifyEntry, emitted: list[int]) -> bool:

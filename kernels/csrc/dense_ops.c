@@ -7,6 +7,7 @@
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops.h"
@@ -150,28 +151,31 @@ struct linear_args {
     int K, N;
 };
 
+/* Every row tile of the column block at n0, whose float32 weights are `block`. */
 SPECDEC_CLONES
-static void linear_blocks(void *ctx, int64_t first, int64_t end) {
-    const struct linear_args *a = ctx;
+static void linear_rows(const struct linear_args *a, const float *block, int64_t n0) {
     const int K = a->K, N = a->N;
-    for (int64_t n0 = first * LINEAR_COLS; n0 < end * LINEAR_COLS; n0 += LINEAR_COLS) {
-        const float *block = (const float *)a->packed + n0 * K;
-        for (int64_t m0 = 0; m0 < a->M; m0 += LINEAR_ROWS) {
-            const int64_t rows = a->M - m0 < LINEAR_ROWS ? a->M - m0 : LINEAR_ROWS;
-            const float *xr = a->x + m0 * a->ldx;
-            const float *b = a->bias ? a->bias + n0 : NULL;
-            const float *res = a->residual ? a->residual + m0 * a->ldr + n0 : NULL;
-            float *yr = a->y + m0 * N + n0;
-            const int64_t ldx = a->ldx, ldr = a->ldr;
-            /* Constant row counts, so each tile's sums live in registers. */
-            switch (rows) {
-            case 4: linear_tile(4, xr, ldx, block, b, res, ldr, yr, N, K); break;
-            case 3: linear_tile(3, xr, ldx, block, b, res, ldr, yr, N, K); break;
-            case 2: linear_tile(2, xr, ldx, block, b, res, ldr, yr, N, K); break;
-            default: linear_tile(1, xr, ldx, block, b, res, ldr, yr, N, K); break;
-            }
+    for (int64_t m0 = 0; m0 < a->M; m0 += LINEAR_ROWS) {
+        const int64_t rows = a->M - m0 < LINEAR_ROWS ? a->M - m0 : LINEAR_ROWS;
+        const float *xr = a->x + m0 * a->ldx;
+        const float *b = a->bias ? a->bias + n0 : NULL;
+        const float *res = a->residual ? a->residual + m0 * a->ldr + n0 : NULL;
+        float *yr = a->y + m0 * N + n0;
+        const int64_t ldx = a->ldx, ldr = a->ldr;
+        /* Constant row counts, so each tile's sums live in registers. */
+        switch (rows) {
+        case 4: linear_tile(4, xr, ldx, block, b, res, ldr, yr, N, K); break;
+        case 3: linear_tile(3, xr, ldx, block, b, res, ldr, yr, N, K); break;
+        case 2: linear_tile(2, xr, ldx, block, b, res, ldr, yr, N, K); break;
+        default: linear_tile(1, xr, ldx, block, b, res, ldr, yr, N, K); break;
         }
     }
+}
+
+static void linear_blocks(void *ctx, int64_t first, int64_t end) {
+    const struct linear_args *a = ctx;
+    for (int64_t n0 = first * LINEAR_COLS; n0 < end * LINEAR_COLS; n0 += LINEAR_COLS)
+        linear_rows(a, (const float *)a->packed + n0 * a->K, n0);
 }
 
 void specdec_linear(const float *x, int64_t ldx, const float *packed, const float *bias,
@@ -180,9 +184,10 @@ void specdec_linear(const float *x, int64_t ldx, const float *packed, const floa
     specdec_parallel_for(N / LINEAR_COLS, linear_blocks, &a);
 }
 
-/* The same linear over 16-bit weights (bfloat16 or IEEE float16), packed alike: each
- * row of a block is widened to float32 once, then multiplied and summed exactly as above,
- * so the products and sums are those of specdec_linear over the widened weights (batch
+/* The same linear over 16-bit weights (bfloat16 or IEEE float16), packed alike: a block's
+ * rows are widened to float32 (inside the tile for one tile of rows; for more, once into a
+ * buffer the float32 tiles then read, which keeps the widening out of their registers),
+ * then multiplied and summed exactly as above, so the products and sums are those of specdec_linear over the widened weights (batch
  * invariant too). Half the bytes per decode step. Both widenings are integer shifts that
  * vectorise on any x86 (bfloat16 is float32's top half; float16's exponent is rebased by
  * a multiply by 2^112, exact for normal and subnormal values alike). */
@@ -232,8 +237,15 @@ static inline float widen_f16(uint16_t bits) {
     void linear_blocks_##SUFFIX(void *ctx, int64_t first, int64_t end) {                        \
         const struct linear_args *a = ctx;                                                      \
         const int K = a->K, N = a->N;                                                           \
+        float *wide = a->M > LINEAR_ROWS ? malloc(sizeof(float) * LINEAR_COLS * (size_t)K) : NULL; \
         for (int64_t n0 = first * LINEAR_COLS; n0 < end * LINEAR_COLS; n0 += LINEAR_COLS) {    \
             const WTYPE *block = (const WTYPE *)a->packed + n0 * K;                             \
+            if (wide) {                                                                         \
+                for (int k = 0; k < K; ++k)                                                     \
+                    WIDEN(block + (int64_t)k * LINEAR_COLS, wide + (int64_t)k * LINEAR_COLS);   \
+                linear_rows(a, wide, n0);                                                       \
+                continue;                                                                       \
+            }                                                                                   \
             for (int64_t m0 = 0; m0 < a->M; m0 += LINEAR_ROWS) {                                \
                 const int64_t rows = a->M - m0 < LINEAR_ROWS ? a->M - m0 : LINEAR_ROWS;         \
                 const float *xr = a->x + m0 * a->ldx;                                           \
@@ -249,6 +261,7 @@ static inline float widen_f16(uint16_t bits) {
                 }                                                                               \
             }                                                                                   \
         }                                                                                       \
+        free(wide);                                                                             \
     }
 
 #define WIDEN_ROW(WIDEN_ONE)                                                                     \

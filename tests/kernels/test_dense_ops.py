@@ -119,12 +119,14 @@ def test_linear_on_packed_weights_matches_matmul(rows, extras):
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
 
 
-def test_linear_is_batch_invariant():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_linear_is_batch_invariant(dtype):
     # A row's result is bit for bit the same alone, among a few rows, or in a prefill-sized
     # batch, wherever it falls in a tile. (MKL's GEMM is not: one row alone and the same
     # row among five differ in the last bits, enough to round an FP8 KV entry apart.)
+    # 16-bit weights: one tile widens in registers, more rows widen the block first.
     k, n = 576, 1536
-    packed = dense_ops.pack_linear_weight(randn(k, n))
+    packed = dense_ops.pack_linear_weight(randn(k, n), dtype)
     bias, x, residual = randn(n), randn(300, k), randn(300, n)
     full = dense_ops.linear(x, packed, bias, residual)
     for start, rows in ((0, 1), (0, 2), (5, 6), (7, 17), (100, 200)):
