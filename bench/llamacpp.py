@@ -16,7 +16,10 @@
    decode only (``llama-bench`` tg / specdec's runtime), target-only generation
    (``llama-completion`` eval speed / the stack's target-only coordinator) and speculative
    generation (``llama-speculative-simple`` / the stack), with 1 and 2 llama.cpp threads
-   and one thread per specdec service, f32 and f16 weights.
+   and one thread per specdec service, f32 and f16 weights. Generation rates are the
+   decode phase on both sides: llama.cpp times it after the prompt, specdec after each
+   stream's first token (``Completion.decode_tok_s``); specdec's whole-request rates
+   (prefill and first token included) are printed too.
 """
 
 from __future__ import annotations
@@ -216,9 +219,13 @@ def llama_rates(bin_dir, target, draft, prompts, threads, new_tokens, k) -> dict
     return rates
 
 
+WHOLE = ("target_only", "spec")  # specdec's generation rates also taken over whole requests
+
+
 def specdec_rates(dtype: str, new_tokens: int, k: int) -> dict[str, float]:
     """specdec's tokens/s: the runtime's decode, and batch-1 target-only and speculative
-    generation through the stack (one thread per service)."""
+    generation through the stack (one thread per service): the decode phase, as llama.cpp
+    reports it (after the first token), and the whole request."""
     spec_bench = importlib.util.spec_from_file_location("bench_runtime", ROOT / "bench/runtime.py")
     bench_runtime = importlib.util.module_from_spec(spec_bench)
     spec_bench.loader.exec_module(bench_runtime)
@@ -240,8 +247,10 @@ def specdec_rates(dtype: str, new_tokens: int, k: int) -> dict[str, float]:
     row = report["1"]
     return {
         "decode": new_tokens / seconds,
-        "target_only": row["target_only_tok_s"],
-        "spec": row["spec_tok_s"],
+        "target_only": row["target_only_decode_tok_s"],
+        "spec": row["spec_decode_tok_s"],
+        "target_only_with_prefill": row["target_only_tok_s"],
+        "spec_with_prefill": row["spec_tok_s"],
     }
 
 
@@ -296,7 +305,14 @@ def main(argv: list[str] | None = None) -> None:
             one, two = (figures[f"llamacpp_{kind}_{outtype}_t{t}"] for t in (1, 2))
             ours = figures[f"specdec_{kind}_{outtype}"]
             print(f"{label + ', ' + outtype:34} {one:>18.1f} {two:>19.1f} {ours:>8.1f}")
-    print("specdec: one thread per service; its own runtime for decode only, the stack else")
+    for outtype in DTYPES:
+        alone, spec = (figures[f"specdec_{k}_with_prefill_{outtype}"] for k in WHOLE)
+        print(f"specdec, {outtype}, whole requests (prefill and first token included): "
+              f"target-only {alone:.1f}, speculative {spec:.1f}")  # fmt: skip
+    print(
+        "specdec: one thread per service; its own runtime for decode only, the stack else; "
+        "generation rates count the decode phase (after the first token), as llama.cpp's do"
+    )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,12 @@ from pathlib import Path
 import grpc
 
 from coordinator.bench_gateway import measure_gateway
-from coordinator.client import CoordinatorClient, GenerateParams, generate_concurrently
+from coordinator.client import (
+    Completion,
+    CoordinatorClient,
+    GenerateParams,
+    generate_concurrently,
+)
 from coordinator.config import SpeculativeConfig
 from coordinator.gateway import free_port
 from coordinator.launcher import Stack, StackConfig, held_out_prompts
@@ -47,6 +52,13 @@ def forward_seconds(stack: Stack) -> float:
     return total
 
 
+def decode_rate(runs: list[tuple[float, list[Completion]]]) -> float:
+    """The decode phase's tokens/s (each stream's tokens after its first, per second after
+    it; prefill and time to first token left out, as llama.cpp's "eval time" leaves them):
+    summed over a run's concurrent streams, averaged over the runs."""
+    return sum(sum(o.decode_tok_s for o in outs) for _, outs in runs) / len(runs)
+
+
 def measure(stack: Stack, spec: SpeculativeConfig, batch_sizes: list[int], new_tokens: int):
     params = GenerateParams(max_tokens=new_tokens, ignore_eos=True)
     prompts = held_out_prompts(stack.config.target_model, max(max(batch_sizes), NUM_BS1_PROMPTS))
@@ -56,7 +68,7 @@ def measure(stack: Stack, spec: SpeculativeConfig, batch_sizes: list[int], new_t
     report, overhead = {}, None
     for bs in batch_sizes:
         rounds = [prompts[i : i + 1] for i in range(NUM_BS1_PROMPTS)] if bs == 1 else [prompts[:bs]]
-        spec_rates, base_rates, outs = [], [], []
+        spec_rates, base_rates, spec_decode, base_decode, outs = [], [], [], [], []
         # Alternate the two stacks and keep each one's best run: this machine's speed
         # wanders between runs, and the best run is the least disturbed one.
         for _ in range(REPEATS):
@@ -69,6 +81,8 @@ def measure(stack: Stack, spec: SpeculativeConfig, batch_sizes: list[int], new_t
             base_runs = [generate_concurrently(stack.baseline_address, r, params) for r in rounds]
             spec_rates.append(sum(r for r, _ in spec_runs) / len(spec_runs))
             base_rates.append(sum(r for r, _ in base_runs) / len(base_runs))
+            spec_decode.append(decode_rate(spec_runs))
+            base_decode.append(decode_rate(base_runs))
             outs += [o for _, batch in spec_runs for o in batch]
         drafts = sum(o.stats["num_drafts"] for o in outs)
         accepted = sum(o.stats["num_accepted_tokens"] for o in outs)
@@ -81,6 +95,8 @@ def measure(stack: Stack, spec: SpeculativeConfig, batch_sizes: list[int], new_t
             "k": spec.k_for_batch_size(bs),
             "target_only_tok_s": round(max(base_rates), 2),
             "spec_tok_s": round(max(spec_rates), 2),
+            "target_only_decode_tok_s": round(max(base_decode), 2),
+            "spec_decode_tok_s": round(max(spec_decode), 2),
             "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else 1.0,
             "acceptance_per_position": [round(n / drafts, 3) for n in per_position]
             if drafts
@@ -135,12 +151,13 @@ def run_bench(config: StackConfig, args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     print(f"{'batch':>5} {'K':>3} {'target-only tok/s':>18} {'spec tok/s':>11} {'speedup':>8} "
-          f"{'mean acc. len':>13}")  # fmt: skip
+          f"{'mean acc. len':>13} {'decode phase: target-only / spec':>33}")  # fmt: skip
     for bs, row in batch.items():
         speedup = row["spec_tok_s"] / row["target_only_tok_s"]
+        decode = f"{row['target_only_decode_tok_s']:.1f} / {row['spec_decode_tok_s']:.1f}"
         print(
             f"{bs:>5} {row['k']:>3} {row['target_only_tok_s']:>18.1f} {row['spec_tok_s']:>11.1f} "
-            f"{speedup:>7.2f}x {row['mean_acceptance_length']:>13.2f}"
+            f"{speedup:>7.2f}x {row['mean_acceptance_length']:>13.2f} {decode:>33}"
         )
     for key in ("hf_target_only_tok_s_bs1", "hf_assisted_tok_s_bs1", "overhead_share_bs1"):
         print(f"{key}: {result[key]}")

@@ -39,6 +39,14 @@ class Completion:
     num_prompt_tokens: int = 0
     stats: dict = field(default_factory=dict)
     seconds: float = 0.0
+    first_token_seconds: float = 0.0  # time to the first token (prefill included)
+
+    @property
+    def decode_tok_s(self) -> float:
+        """Tokens after the first per second after it: the decode phase alone, as
+        llama.cpp's "eval time" counts it."""
+        after = self.seconds - self.first_token_seconds
+        return (len(self.token_ids) - 1) / after if len(self.token_ids) > 1 and after > 0 else 0.0
 
     def as_json(self) -> dict:
         return {
@@ -122,6 +130,8 @@ class CoordinatorClient:
         out = Completion()
         start = time.perf_counter()
         for response in self.stream(prompt, params, timeout):
+            if response.token_ids and not out.token_ids:
+                out.first_token_seconds = time.perf_counter() - start
             out.token_ids.extend(response.token_ids)
             out.text += response.text
             out.num_prompt_tokens = response.num_prompt_tokens
