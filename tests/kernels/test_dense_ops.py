@@ -124,7 +124,8 @@ def test_linear_is_batch_invariant(dtype):
     # A row's result is bit for bit the same alone, among a few rows, or in a prefill-sized
     # batch, wherever it falls in a tile. (MKL's GEMM is not: one row alone and the same
     # row among five differ in the last bits, enough to round an FP8 KV entry apart.)
-    # 16-bit weights: one tile widens in registers, more rows widen the block first.
+    # Tiles of 4 or 8 rows (AVX-512); 16-bit weights widen in each tile, or from 16 rows on
+    # once per block.
     k, n = 576, 1536
     packed = dense_ops.pack_linear_weight(randn(k, n), dtype)
     bias, x, residual = randn(n), randn(300, k), randn(300, n)
