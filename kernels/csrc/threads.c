@@ -1,7 +1,11 @@
 /* A small pool of worker threads for the CPU kernels (specdec_set_num_threads).
  *
  * One parallel region at a time: specdec_parallel_for splits [0, n) into one contiguous
- * share per thread (the caller runs share 0) and returns when every share is done. Workers
+ * share per thread (the caller runs share 0) and returns when every started worker has
+ * seen the region, its share done (workers past the region's thread count, left by a
+ * lower specdec_set_num_threads, take no share). So no worker can still be on a region
+ * once its caller has returned: the region's task, context and thread count are never
+ * read stale, whatever the thread count does between regions. Workers
  * spin briefly between regions (a decode step starts dozens of them a millisecond apart),
  * then sleep on a condition variable, so an idle service costs no CPU. Shares never
  * change what is computed, only which thread computes it: results are the same bits for
@@ -22,10 +26,11 @@ static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
 static atomic_int num_threads = 1; /* threads a region uses, the caller included */
 static int num_started = 1;        /* workers running + 1; they never exit */
 static atomic_uint generation;     /* bumped to start a region */
-static atomic_int remaining;       /* workers still running the current region */
+static atomic_int remaining;       /* workers that have not yet finished the current region */
 static specdec_task region_task;
 static void *region_ctx;
 static int64_t region_n;
+static int region_threads; /* shares of the current region */
 
 static void run_share(int index, int threads) {
     const int64_t begin = region_n * index / threads, end = region_n * (index + 1) / threads;
@@ -59,11 +64,8 @@ static void *worker(void *arg) {
             pthread_mutex_unlock(&wake_lock);
         }
         seen = now;
-        const int threads = atomic_load(&num_threads);
-        if (index < threads) {
-            run_share(index, threads);
-            atomic_fetch_sub(&remaining, 1);
-        }
+        if (index < region_threads) run_share(index, region_threads);
+        atomic_fetch_sub(&remaining, 1);
     }
     return NULL;
 }
@@ -98,12 +100,13 @@ void specdec_parallel_for(int64_t n, specdec_task task, void *ctx) {
     }
     pthread_mutex_lock(&region);
     region_task = task, region_ctx = ctx, region_n = n;
-    atomic_store(&remaining, atomic_load(&num_threads) - 1);
+    region_threads = atomic_load(&num_threads);
+    atomic_store(&remaining, num_started - 1);
     pthread_mutex_lock(&wake_lock);
     atomic_fetch_add(&generation, 1);
     pthread_cond_broadcast(&wake);
     pthread_mutex_unlock(&wake_lock);
-    run_share(0, atomic_load(&num_threads));
+    run_share(0, region_threads);
     while (atomic_load(&remaining) > 0) relax();
     pthread_mutex_unlock(&region);
 }

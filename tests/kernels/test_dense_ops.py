@@ -101,13 +101,15 @@ def test_rotary_positions_past_the_table_are_an_error():
             rotary.for_step(torch.tensor([3, 8]), torch.float32, in_kernel=in_kernel)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4, 13, 17, 40, 300])  # tiles of 4 and the rest
+@pytest.mark.parametrize("rows", [1, 3, 4, 7, 8, 13, 17, 40, 300])  # tiles of 4 or 8, the rest
 @pytest.mark.parametrize("extras", ["plain", "bias", "bias+residual"])
-def test_linear_on_packed_weights_matches_matmul(rows, extras):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_linear_on_packed_weights_matches_matmul(rows, extras, dtype):
+    # 16-bit weights: the product of the rounded weights, which the kernel widens exactly.
     k, n = 96, 160
     wide = randn(rows, k + 5)
     x = wide[:, :k]  # rows k + 5 floats apart
-    weight = randn(k, n)
+    weight = randn(k, n).to(dtype).float()
     bias = randn(n) if "bias" in extras else None
     residual = randn(rows, n) if "residual" in extras else None
     want = x @ weight
@@ -115,7 +117,7 @@ def test_linear_on_packed_weights_matches_matmul(rows, extras):
         want = want + bias
     if residual is not None:
         want = want + residual
-    out = dense_ops.linear(x, dense_ops.pack_linear_weight(weight), bias, residual)
+    out = dense_ops.linear(x, dense_ops.pack_linear_weight(weight, dtype), bias, residual)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
 
 
