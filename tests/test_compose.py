@@ -101,13 +101,8 @@ def test_coordinator_publishes_api_and_metrics_ports(services):
 def test_speculative_config_is_the_dynamic_k_table(services):
     argv = module_argv(services["coordinator"], "coordinator")
     spec = SpeculativeConfig.from_json(argv[argv.index("--speculative-config") + 1])
-    assert spec.num_speculative_tokens_per_batch_size == (
-        (1, 1, 6),
-        (2, 4, 3),
-        (5, 8, 1),
-        (9, 1024, 0),
-    )
-    assert [spec.k_for_batch_size(bs) for bs in (1, 3, 8, 16)] == [6, 3, 1, 0]
+    assert spec.num_speculative_tokens_per_batch_size == ((1, 1, 6), (2, 1024, 0))
+    assert [spec.k_for_batch_size(bs) for bs in (1, 2, 16, 2000)] == [6, 0, 0, 0]
 
 
 def test_coordinator_starts_only_after_target_and_draft_are_healthy(services):
