@@ -24,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from smg.router_args import RouterArgs
 
 from coordinator.config import CoordinatorConfig, SpeculativeConfig
+from coordinator.launcher import DEFAULT_SPECULATIVE_CONFIG
 from runtime.serving import ServiceConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,7 +102,7 @@ def test_coordinator_publishes_api_and_metrics_ports(services):
 def test_speculative_config_is_the_dynamic_k_table(services):
     argv = module_argv(services["coordinator"], "coordinator")
     spec = SpeculativeConfig.from_json(argv[argv.index("--speculative-config") + 1])
-    assert spec.num_speculative_tokens_per_batch_size == ((1, 1, 6), (2, 1024, 0))
+    assert spec == SpeculativeConfig.from_json(DEFAULT_SPECULATIVE_CONFIG)  # one schedule
     assert [spec.k_for_batch_size(bs) for bs in (1, 2, 16, 2000)] == [6, 0, 0, 0]
 
 

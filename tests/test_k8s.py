@@ -15,7 +15,8 @@ import pytest
 import yaml
 from smg.router_args import RouterArgs
 
-from coordinator.config import CoordinatorConfig
+from coordinator.config import CoordinatorConfig, SpeculativeConfig
+from coordinator.launcher import DEFAULT_SPECULATIVE_CONFIG
 from runtime.serving import ServiceConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,6 +112,7 @@ def test_commands_parse_with_the_services_clis():
     cc = CoordinatorConfig.from_cli_args(parser.parse_args(argv(coordinator, config)))
     assert cc.target == "localhost:50052" and cc.draft == "specdec-draft:50051"
     assert cc.coordinator_id == "pod-0" and cc.metrics_port == 9090
+    assert cc.speculative == SpeculativeConfig.from_json(DEFAULT_SPECULATIVE_CONFIG)
     assert cc.speculative.k_for_batch_size(1) == 6
     assert coordinator["readinessProbe"]["grpc"]["port"] == cc.port
     gateway = container(docs, "specdec-gateway", "gateway")
