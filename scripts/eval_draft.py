@@ -6,7 +6,9 @@ with ``--k`` greedy draft tokens per round (``eval_models.acceptance``): mean ac
 length = 1 + accepted / drafts, and the acceptance rate per draft position. Then the cost
 of one decode step of each model at batch 1 on one thread (median over ``--repeats``
 steps at a ``--context``-token cache, the two models interleaved so load on the machine
-hits both alike). Figures go to ``<draft>/eval.json``.
+hits both alike). Last, the same greedy requests through the running stack (``Stack``: three
+processes, one core per model service, K = ``--k`` on every step), where the acceptance
+comes from the stats the Generate responses report. Figures go to ``<draft>/eval.json``.
 
 Usage: ``python scripts/eval_draft.py [--k 5] [--new-tokens 64]``.
 """
@@ -22,6 +24,8 @@ import torch
 from eval_models import acceptance
 from fetch_models import DRAFT_DIR, MODEL_DIR
 
+from coordinator.client import GenerateParams, generate_concurrently
+from coordinator.launcher import Stack, StackConfig
 from runtime import ModelRunner, SequenceChunk
 from runtime.loader import load_tokenizer
 
@@ -59,6 +63,36 @@ def step_ms(runners: dict[str, ModelRunner], context: int, repeats: int) -> dict
     for runner in runners.values():
         runner.release("bench")
     return {name: sorted(t)[len(t) // 2] * 1000 for name, t in times.items()}
+
+
+def stack_acceptance(target: Path, draft: Path, questions: list[str], k: int, new_tokens: int):
+    """Mean acceptance length and per-position acceptance as the stack reports them: each
+    held-out chat alone (batch 1), greedy, ``new_tokens`` at most, K = ``k`` throughout."""
+    config = StackConfig(
+        target_model=str(target),
+        draft_model=str(draft),
+        speculative_config=json.dumps({"num_speculative_tokens": k}),
+        port=0,
+    )
+    params = GenerateParams(max_tokens=new_tokens)
+    drafts, accepted, per_position, generated = 0, 0, [0] * k, 0
+    with Stack(config) as stack:
+        for question in questions:
+            _, (out,) = generate_concurrently(
+                stack.address, [[{"role": "user", "content": question}]], params
+            )
+            drafts += out.stats["num_drafts"]
+            accepted += out.stats["num_accepted_tokens"]
+            generated += len(out.token_ids)
+            for i, n in enumerate(out.stats["accepted_per_position"]):
+                per_position[i] += n
+    return {
+        "generated_tokens": generated,
+        "num_drafts": drafts,
+        "num_accepted_tokens": accepted,
+        "mean_acceptance_length": round(1 + accepted / drafts, 3),
+        "acceptance_per_position": [round(n / drafts, 3) for n in per_position],
+    }
 
 
 def main() -> None:
@@ -109,6 +143,9 @@ def main() -> None:
         "decode_step_ms_batch1_1thread": {k: round(v, 2) for k, v in timings.items()},
         "context_tokens": args.context,
         "draft_to_target_cost": round(timings["draft"] / timings["target"], 4),
+        "through_the_stack": stack_acceptance(
+            args.target, args.draft, questions, args.k, args.new_tokens
+        ),
         "samples": samples,
     }
     (args.draft / "eval.json").write_text(json.dumps(figures, indent=1, ensure_ascii=False) + "\n")

@@ -1,4 +1,4 @@
-"""Distil a two-layer draft for SmolLM2-135M-Instruct (the real target) on this machine.
+"""Distil a small draft for SmolLM2-135M-Instruct (the real target) on this machine.
 
 One reproducible recipe (fixed seeds; config, package versions and timings logged to
 ``<out>/train_log.json``):
@@ -13,11 +13,12 @@ One reproducible recipe (fixed seeds; config, package versions and timings logge
 3. Output head over a frequency-ranked vocabulary subset (FR-Spec): the ``--head-size``
    ids most frequent in the target's answers (then in the prompts, then by BPE rank).
 4. Draft: Llama with the target's widths; the target's embedding (shared and frozen) and
-   final norm, two of its layers (the pair with the lowest initial validation loss among
-   ``LAYER_CANDIDATES``), and a head initialised from the embedding rows of the subset.
+   final norm, ``num_layers`` of its layers (the choice with the lowest initial validation
+   loss among ``LAYER_CANDIDATES``), and a head initialised from the embedding rows of the
+   subset.
    Loss: cross-entropy to the target's distribution renormalised over the subset (KL up
    to a constant) at every position (prompt positions weighted ``prompt_weight``), plus
-   ``ce_weight`` x cross-entropy on the target's own answer tokens. Training stops at the
+   ``ce_weight`` x cross-entropy on the target's argmax at answer positions. Training stops at the
    time budget; the checkpoint with the best validation top-1 agreement is kept.
 5. Save: the draft's own tensors (no embedding) in ``draft.safetensors``; the folder is
    completed with the target's embedding and tokenizer by ``fetch_models.complete_draft``
@@ -52,8 +53,11 @@ from runtime import ModelRunner
 
 ROOT = Path(__file__).resolve().parent.parent
 DRAFT_WEIGHTS = "draft.safetensors"
-# (first, second) target layer copied into the draft's two layers.
-LAYER_CANDIDATES = ((0, 29), (0, 28), (1, 29), (0, 27), (0, 1), (0, 15), (28, 29))
+# Target layers copied into the draft's layers, in order, per draft depth.
+LAYER_CANDIDATES = {
+    2: ((0, 29), (0, 28), (1, 29), (0, 27), (0, 1), (0, 15), (28, 29)),
+    3: ((0, 1, 28), (0, 14, 28), (0, 27, 28), (0, 28, 29), (0, 1, 29), (1, 28, 29), (0, 2, 28)),
+}
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,8 @@ class Recipe:
     temperature: float = 0.7  # for the sampled half of the answers
     top_k: int = 32  # teacher log-probs kept per position
     gen_minutes: float = 26.0
-    head_size: int = 8192
+    num_layers: int = 3
+    head_size: int = 4096
     num_val_sequences: int = 16
     batch_tokens: int = 3072
     lr: float = 6e-4
@@ -140,14 +145,14 @@ def head_token_ids(data: list[TeacherSequence], size: int, special: list[int]) -
     return sorted(chosen)
 
 
-def draft_config(target: dict, head_ids: list[int]) -> dict:
-    """The draft's ``config.json``: the target's, two layers, an untied subset head."""
+def draft_config(target: dict, head_ids: list[int], num_layers: int) -> dict:
+    """The draft's ``config.json``: the target's, fewer layers, an untied subset head."""
     config = dict(target)
-    config.update(num_hidden_layers=2, tie_word_embeddings=False, head_token_ids=head_ids)
+    config.update(num_hidden_layers=num_layers, tie_word_embeddings=False, head_token_ids=head_ids)
     return config
 
 
-def build_draft(config: dict, target: dict[str, torch.Tensor], layers: tuple[int, int]):
+def build_draft(config: dict, target: dict[str, torch.Tensor], layers: tuple[int, ...]):
     """An HF Llama body plus a subset head, initialised from the target."""
     hf = LlamaConfig(**{k: v for k, v in config.items() if k != "head_token_ids"})
     model = LlamaForCausalLM(hf)
@@ -187,8 +192,10 @@ class Batches:
             answer.append(is_answer)
             top_ids.append(s.top_ids.long())
             top_lp.append(s.top_logprobs.float())
-            label = torch.tensor(s.token_ids[1:])
-            label[: s.prompt_len - 1] = -1  # hard targets only on the target's own tokens
+            # Hard targets: the target's argmax (what greedy verification accepts), on
+            # answer positions only; in sampled answers it is not always the next token.
+            label = s.top_ids[:, 0].long().clone()
+            label[: s.prompt_len - 1] = -1
             labels.append(label)
         top = self.to_head[torch.cat(top_ids)]
         probs = torch.cat(top_lp).exp() * (top >= 0)
@@ -202,20 +209,34 @@ class Batches:
             "top": top.clamp(min=0),
             # Renormalised over the covered ids; rows with no covered mass drop out below.
             "probs": probs / probs.sum(-1, keepdim=True).clamp(min=1e-9),
-            "labels": labels,  # head row, or -1 (prompt position or uncovered token)
+            "labels": labels,  # head row of the target's argmax, or -1 (prompt, uncovered)
             "teacher_top1": torch.cat(top_ids)[:, 0],
         }
 
-    def epoch(self, rng: random.Random):
+    def epoch(self, rng: random.Random, pool: int = 32):
+        """Batches in random order; each is cut from a random pool of sequences sorted by
+        length, so a batch pads little (its padding is computed and thrown away)."""
         order = list(self.data)
         rng.shuffle(order)
-        batch: list[TeacherSequence] = []
-        for s in order:
-            batch.append(s)
-            if sum(len(t.token_ids) for t in batch) >= self.recipe.batch_tokens:
-                yield self.make(batch)
-                batch = []
-        if batch:
+        batches: list[list[TeacherSequence]] = []
+        pool_tokens = pool * self.recipe.batch_tokens
+        start = 0
+        while start < len(order):
+            end, tokens = start, 0
+            while end < len(order) and tokens < pool_tokens:
+                tokens += len(order[end].token_ids)
+                end += 1
+            batch: list[TeacherSequence] = []
+            for s in sorted(order[start:end], key=lambda t: len(t.token_ids)):
+                batch.append(s)
+                if sum(len(t.token_ids) for t in batch) >= self.recipe.batch_tokens:
+                    batches.append(batch)
+                    batch = []
+            if batch:
+                batches.append(batch)
+            start = end
+        rng.shuffle(batches)
+        for batch in batches:
             yield self.make(batch)
 
 
@@ -253,13 +274,14 @@ def validate(model, batches: list[dict], head_ids: torch.Tensor, recipe: Recipe)
     return {"soft": round(soft / len(batches), 4), "agreement": round(agree / count, 4)}
 
 
-def pick_layers(config, target, val_batches, head_ids, recipe) -> tuple[tuple[int, int], dict]:
+def pick_layers(config, target, val_batches, head_ids, recipe) -> tuple[tuple[int, ...], dict]:
     scores = {}
-    for layers in LAYER_CANDIDATES:
+    candidates = LAYER_CANDIDATES[recipe.num_layers]
+    for layers in candidates:
         model = build_draft(config, target, layers)
         scores[str(layers)] = validate(model, val_batches, head_ids, recipe)
         log(f"layers {layers}: initial validation {scores[str(layers)]}")
-    best = min(LAYER_CANDIDATES, key=lambda pair: scores[str(pair)]["soft"])
+    best = min(candidates, key=lambda layers: scores[str(layers)]["soft"])
     return best, scores
 
 
@@ -310,15 +332,21 @@ def train(model, train_data: Batches, val_batches, head_ids, recipe: Recipe) -> 
 
 def save_draft(model, config: dict, out: Path) -> None:
     """``config.json`` (head ids on one line), ``generation_config.json`` and the draft's own
-    tensors (everything but the shared embedding) in ``DRAFT_WEIGHTS``."""
+    tensors (everything but the shared embedding, bfloat16) in ``DRAFT_WEIGHTS``."""
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps({**config, "head_token_ids": "@IDS@"}, indent=2)
     text = text.replace('"@IDS@"', json.dumps(config["head_token_ids"]))
     (out / "config.json").write_text(text + "\n")
     gen = json.loads((MODEL_DIR / "generation_config.json").read_text())
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    # Stored in bfloat16 so three layers fit the 50 MB committed; the runtime widens them
+    # to the serving dtype on load (the evaluation measures the stored weights).
     state = model.state_dict()
-    weights = {k: v.contiguous() for k, v in state.items() if k != "model.embed_tokens.weight"}
+    weights = {
+        k: v.to(torch.bfloat16).contiguous()
+        for k, v in state.items()
+        if k != "model.embed_tokens.weight"
+    }
     save_file(weights, out / DRAFT_WEIGHTS, metadata={"format": "pt"})
 
 
@@ -329,10 +357,17 @@ def main() -> None:
     parser.add_argument("--gen-minutes", type=float, default=Recipe.gen_minutes)
     parser.add_argument("--train-minutes", type=float, default=Recipe.train_minutes)
     parser.add_argument("--gen-batch", type=int, default=Recipe.gen_batch)
+    parser.add_argument("--num-layers", type=int, choices=sorted(LAYER_CANDIDATES),
+                        default=Recipe.num_layers)  # fmt: skip
+    parser.add_argument("--head-size", type=int, default=Recipe.head_size)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     recipe = Recipe(
-        gen_minutes=args.gen_minutes, train_minutes=args.train_minutes, gen_batch=args.gen_batch
+        gen_minutes=args.gen_minutes,
+        train_minutes=args.train_minutes,
+        gen_batch=args.gen_batch,
+        num_layers=args.num_layers,
+        head_size=args.head_size,
     )
     torch.set_num_threads(args.threads)
     torch.manual_seed(recipe.seed)
@@ -357,7 +392,7 @@ def main() -> None:
     target_config = json.loads((MODEL_DIR / "config.json").read_text())
     special = sorted({0, 1, 2, *tokenizer.all_special_ids})
     head_ids = head_token_ids(train_seqs, recipe.head_size, special)
-    config = draft_config(target_config, head_ids)
+    config = draft_config(target_config, head_ids, recipe.num_layers)
     head = torch.tensor(head_ids)
     to_head = torch.full((target_config["vocab_size"],), -1, dtype=torch.int64)
     to_head[head] = torch.arange(len(head))

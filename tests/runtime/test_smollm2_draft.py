@@ -58,7 +58,7 @@ def prompt() -> list[int]:
 def test_completed_draft_scores_only_its_head_ids(runners, prompt):
     _, draft = runners
     ids = json.loads((DRAFT_DIR / "config.json").read_text())["head_token_ids"]
-    assert draft.vocab_size == 49152 and len(ids) == 8192
+    assert draft.vocab_size == 49152 and len(ids) == len(set(ids)) < draft.vocab_size
     logits = prefill(draft, "scores", prompt)
     draft.release("scores")
     uncovered = torch.ones(draft.vocab_size, dtype=torch.bool)
