@@ -31,9 +31,9 @@ from coordinator.client import Prompt
 from coordinator.gateway import check_gateway_config, start_gateway
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
-# The real pair: SmolLM2-135M-Instruct (fetched and converted by scripts/fetch_models.py)
-# and the draft trained for it (completed by the same script); and the bundled tiny pair,
-# still the default until the real draft pays for itself (models/README.md).
+# The real pair, the default: SmolLM2-135M-Instruct (fetched and converted by
+# scripts/fetch_models.py) and the draft trained for it (completed by the same script); and
+# the bundled tiny pair, which the tests and the llama.cpp comparison select explicitly.
 REAL_TARGET = MODELS_DIR / "smollm2-135m-instruct"
 REAL_DRAFT = MODELS_DIR / "smollm2-draft"
 TINY_TARGET = MODELS_DIR / "target"
@@ -49,10 +49,13 @@ DEFAULT_SPECULATIVE_CONFIG = '{"num_speculative_tokens_per_batch_size": [[1, 1, 
 class StackConfig:
     """The flags of `specdec up` (vLLM's names where vLLM has one)."""
 
-    target_model: str = str(TINY_TARGET)
-    draft_model: str = str(TINY_DRAFT)
+    target_model: str = str(REAL_TARGET)
+    draft_model: str = str(REAL_DRAFT)
     kv_cache_dtype: str = "auto"
     dtype: str = "float32"
+    # The draft's weights: "auto" keeps a 16-bit checkpoint in its own dtype (a draft's
+    # precision never changes the output, and 16 bits halve its cost per token), else --dtype.
+    draft_dtype: str = "auto"
     speculative_config: str = DEFAULT_SPECULATIVE_CONFIG
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 16
@@ -81,6 +84,16 @@ class StackConfig:
     gateway_policy: str = "round_robin"  # smg's --policy across the replicas
     gateway_metrics_port: int = 0  # the gateway's Prometheus /metrics; 0 = any free port
     served_model_name: str = ""  # the model name the gateway's clients send; "" = folder name
+
+
+def draft_dtype(draft_model: str, requested: str, dtype: str) -> str:
+    """The dtype the draft service loads ``draft_model`` in: ``requested``, or for "auto"
+    the checkpoint's own (``config.json`` ``torch_dtype``) when it is 16-bit, else ``dtype``."""
+    if requested != "auto":
+        return requested
+    config = json.loads((Path(draft_model) / "config.json").read_text())
+    stored = config.get("torch_dtype") or config.get("dtype")
+    return stored if stored in ("bfloat16", "float16") else dtype
 
 
 def held_out_prompts(target_model: str, n: int) -> list[Prompt]:
@@ -211,10 +224,13 @@ class Stack:
     def _spawn_model(self, service: str, name: str, model: str, port: int) -> ServiceProcess:
         """The ``service`` ("target" or "draft") as a process named ``name``."""
         c = self.config
-        threads = c.target_num_threads if service == "target" else c.draft_num_threads
+        if service == "target":
+            threads, dtype = c.target_num_threads, c.dtype
+        else:
+            threads, dtype = c.draft_num_threads, draft_dtype(model, c.draft_dtype, c.dtype)
         argv = [
             sys.executable, "-m", f"{service}_service", "--model", model, "--host", c.host,
-            "--port", str(port), "--kv-cache-dtype", c.kv_cache_dtype, "--dtype", c.dtype,
+            "--port", str(port), "--kv-cache-dtype", c.kv_cache_dtype, "--dtype", dtype,
             "--num-threads", str(threads),
         ]  # fmt: skip
         if c.tls_ca:  # mutual TLS on the internal hops
@@ -229,7 +245,15 @@ class Stack:
             check_gateway_config(c)
         for path in (c.target_model, *(() if c.no_draft else (c.draft_model,))):
             if not (Path(path) / "config.json").is_file():
-                raise RuntimeError(f"{path} is not a Hugging Face model folder (no config.json)")
+                hint = (
+                    "; fetch the default pair with `python scripts/fetch_models.py`, or select "
+                    f"the bundled one: --target-model {TINY_TARGET} --draft-model {TINY_DRAFT}"
+                    if Path(path) in (REAL_TARGET, REAL_DRAFT)
+                    else ""
+                )
+                raise RuntimeError(
+                    f"{path} is not a Hugging Face model folder (no config.json){hint}"
+                )
         try:
             targets = [
                 self._spawn_model(

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install what is missing, then run the main job on the bundled models.
+# Install what is missing (the real pair fetched and converted included), then run the
+# main job on it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_venv.sh dev

@@ -25,7 +25,7 @@ from eval_models import acceptance
 from fetch_models import DRAFT_DIR, MODEL_DIR
 
 from coordinator.client import GenerateParams, generate_concurrently
-from coordinator.launcher import Stack, StackConfig
+from coordinator.launcher import Stack, StackConfig, draft_dtype
 from runtime import ModelRunner, SequenceChunk
 from runtime.loader import load_tokenizer
 
@@ -108,7 +108,9 @@ def main() -> None:
     torch.set_num_threads(1)
     tokenizer = load_tokenizer(args.target)
     target = ModelRunner.from_pretrained(args.target, num_pages=64, max_model_len=1024)
-    draft = ModelRunner.from_pretrained(args.draft, num_pages=64, max_model_len=1024)
+    # The draft in the dtype `specdec up` serves it in (its checkpoint's, when 16-bit).
+    dtype = draft_dtype(str(args.draft), "auto", "float32")
+    draft = ModelRunner.from_pretrained(args.draft, num_pages=64, max_model_len=1024, dtype=dtype)
     questions = json.loads((args.draft / "heldout.json").read_text())["prompts"]
     counts: list[int] = []  # accepted tokens per round
     samples = []
@@ -143,6 +145,7 @@ def main() -> None:
         "decode_step_ms_batch1_1thread": {k: round(v, 2) for k, v in timings.items()},
         "context_tokens": args.context,
         "draft_to_target_cost": round(timings["draft"] / timings["target"], 4),
+        "draft_dtype": dtype,
         "through_the_stack": stack_acceptance(
             args.target, args.draft, questions, args.k, args.new_tokens
         ),

@@ -148,7 +148,12 @@ def head_token_ids(data: list[TeacherSequence], size: int, special: list[int]) -
 def draft_config(target: dict, head_ids: list[int], num_layers: int) -> dict:
     """The draft's ``config.json``: the target's, fewer layers, an untied subset head."""
     config = dict(target)
-    config.update(num_hidden_layers=num_layers, tie_word_embeddings=False, head_token_ids=head_ids)
+    config.update(
+        num_hidden_layers=num_layers,
+        tie_word_embeddings=False,
+        head_token_ids=head_ids,
+        torch_dtype="bfloat16",  # its own weights as stored (save_draft); served so
+    )
     return config
 
 
