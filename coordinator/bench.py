@@ -59,6 +59,21 @@ def decode_rate(runs: list[tuple[float, list[Completion]]]) -> float:
     return sum(sum(o.decode_tok_s for o in outs) for _, outs in runs) / len(runs)
 
 
+def acceptance_summary(outs: list[Completion]) -> dict:
+    """Mean acceptance length and per-position acceptance over the completions' stats."""
+    drafts = sum(o.stats["num_drafts"] for o in outs)
+    accepted = sum(o.stats["num_accepted_tokens"] for o in outs)
+    # K can rise as a batch's requests finish, so positions come from the stats.
+    per_position = [0] * max((len(o.stats["accepted_per_position"]) for o in outs), default=0)
+    for o in outs:
+        for i, count in enumerate(o.stats["accepted_per_position"]):
+            per_position[i] += count
+    return {
+        "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else 1.0,
+        "acceptance_per_position": [round(n / drafts, 3) for n in per_position] if drafts else [],
+    }
+
+
 def measure(stack: Stack, spec: SpeculativeConfig, batch_sizes: list[int], new_tokens: int):
     params = GenerateParams(max_tokens=new_tokens, ignore_eos=True)
     prompts = held_out_prompts(stack.config.target_model, max(max(batch_sizes), NUM_BS1_PROMPTS))
@@ -84,23 +99,13 @@ def measure(stack: Stack, spec: SpeculativeConfig, batch_sizes: list[int], new_t
             spec_decode.append(decode_rate(spec_runs))
             base_decode.append(decode_rate(base_runs))
             outs += [o for _, batch in spec_runs for o in batch]
-        drafts = sum(o.stats["num_drafts"] for o in outs)
-        accepted = sum(o.stats["num_accepted_tokens"] for o in outs)
-        # K can rise as a batch's requests finish, so positions come from the stats.
-        per_position = [0] * max((len(o.stats["accepted_per_position"]) for o in outs), default=0)
-        for o in outs:
-            for i, count in enumerate(o.stats["accepted_per_position"]):
-                per_position[i] += count
         report[str(bs)] = {
             "k": spec.k_for_batch_size(bs),
             "target_only_tok_s": round(max(base_rates), 2),
             "spec_tok_s": round(max(spec_rates), 2),
             "target_only_decode_tok_s": round(max(base_decode), 2),
             "spec_decode_tok_s": round(max(spec_decode), 2),
-            "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else 1.0,
-            "acceptance_per_position": [round(n / drafts, 3) for n in per_position]
-            if drafts
-            else [],
+            **acceptance_summary(outs),
         }
         row = report[str(bs)]
         print(

@@ -24,7 +24,8 @@ import torch
 from eval_models import acceptance
 from fetch_models import DRAFT_DIR, MODEL_DIR
 
-from coordinator.client import GenerateParams, generate_concurrently
+from coordinator.bench import acceptance_summary
+from coordinator.client import CoordinatorClient, GenerateParams
 from coordinator.launcher import Stack, StackConfig, draft_dtype
 from runtime import ModelRunner, SequenceChunk
 from runtime.loader import load_tokenizer
@@ -75,23 +76,13 @@ def stack_acceptance(target: Path, draft: Path, questions: list[str], k: int, ne
         port=0,
     )
     params = GenerateParams(max_tokens=new_tokens)
-    drafts, accepted, per_position, generated = 0, 0, [0] * k, 0
-    with Stack(config) as stack:
-        for question in questions:
-            _, (out,) = generate_concurrently(
-                stack.address, [[{"role": "user", "content": question}]], params
-            )
-            drafts += out.stats["num_drafts"]
-            accepted += out.stats["num_accepted_tokens"]
-            generated += len(out.token_ids)
-            for i, n in enumerate(out.stats["accepted_per_position"]):
-                per_position[i] += n
+    with Stack(config) as stack, CoordinatorClient(stack.address) as client:
+        outs = [client.generate([{"role": "user", "content": q}], params) for q in questions]
     return {
-        "generated_tokens": generated,
-        "num_drafts": drafts,
-        "num_accepted_tokens": accepted,
-        "mean_acceptance_length": round(1 + accepted / drafts, 3),
-        "acceptance_per_position": [round(n / drafts, 3) for n in per_position],
+        "generated_tokens": sum(len(o.token_ids) for o in outs),
+        "num_drafts": sum(o.stats["num_drafts"] for o in outs),
+        "num_accepted_tokens": sum(o.stats["num_accepted_tokens"] for o in outs),
+        **acceptance_summary(outs),
     }
 
 

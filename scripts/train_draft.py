@@ -18,8 +18,9 @@ One reproducible recipe (fixed seeds; config, package versions and timings logge
    subset.
    Loss: cross-entropy to the target's distribution renormalised over the subset (KL up
    to a constant) at every position (prompt positions weighted ``prompt_weight``), plus
-   ``ce_weight`` x cross-entropy on the target's argmax at answer positions. Training stops at the
-   time budget; the checkpoint with the best validation top-1 agreement is kept.
+   ``ce_weight`` x cross-entropy on the target's argmax at answer positions. Training
+   stops at the time budget; the checkpoint with the best validation top-1 agreement is
+   kept.
 5. Save: the draft's own tensors (no embedding) in ``draft.safetensors``; the folder is
    completed with the target's embedding and tokenizer by ``fetch_models.complete_draft``
    (also run by ``scripts/fetch_models.py``), then FP8 KV scales are calibrated.
@@ -232,11 +233,13 @@ class Batches:
                 tokens += len(order[end].token_ids)
                 end += 1
             batch: list[TeacherSequence] = []
+            batch_tokens = 0
             for s in sorted(order[start:end], key=lambda t: len(t.token_ids)):
                 batch.append(s)
-                if sum(len(t.token_ids) for t in batch) >= self.recipe.batch_tokens:
+                batch_tokens += len(s.token_ids)
+                if batch_tokens >= self.recipe.batch_tokens:
                     batches.append(batch)
-                    batch = []
+                    batch, batch_tokens = [], 0
             if batch:
                 batches.append(batch)
             start = end
