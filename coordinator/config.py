@@ -120,6 +120,9 @@ class CoordinatorConfig:
     # "auto": while the target verifies a step, the draft proposes for the next one,
     # assuming its proposals are all accepted; "off": draft, then verify, in turn.
     pipeline: str = "auto"
+    # llama.cpp's --draft-p-min: the draft stops proposing at the first token it gives a
+    # probability below this (0 = always K tokens); the rest of K would likely be rejected.
+    draft_p_min: float = 0.0
     draft_timeout: float = 2.0  # seconds per draft RPC; a miss runs the step with K = 0
     draft_retry_interval: float = 1.0  # seconds before probing a failed draft again
     draft_max_retry_interval: float = 5.0  # the probe's wait doubles up to this
@@ -143,6 +146,8 @@ class CoordinatorConfig:
             raise ValueError("num_scheduler_steps must be >= 1")
         if self.pipeline not in ("off", "auto"):
             raise ValueError(f'pipeline must be "off" or "auto", not {self.pipeline!r}')
+        if not 0.0 <= self.draft_p_min < 1.0:
+            raise ValueError(f"draft_p_min must be in [0, 1), got {self.draft_p_min}")
         if self.max_queue_len < 0:
             raise ValueError("max_queue_len must be >= 0")
         if self.draft_timeout <= 0 or self.target_timeout <= 0:

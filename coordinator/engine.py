@@ -307,7 +307,12 @@ class Engine:
                 for request in plan.draft_release:
                     request.num_draft_cached = 0
             message = draft_step_request(
-                plan.step_id, ingest, propose, self.limits.draft_kv_scales, ahead_of
+                plan.step_id,
+                ingest,
+                propose,
+                self.limits.draft_kv_scales,
+                ahead_of,
+                self.config.draft_p_min,
             )
             response = await self._call(self.draft.Step, message, timeout, metadata)
         except (grpc.RpcError, asyncio.TimeoutError) as e:

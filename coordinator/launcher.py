@@ -62,6 +62,7 @@ class StackConfig:
     max_queue_len: int = 256  # waiting requests; more is RESOURCE_EXHAUSTED
     num_scheduler_steps: int = 8  # target forwards per round trip where every decode has K = 0
     pipeline: str = "auto"  # the draft proposes for the next step during verify; or "off"
+    draft_p_min: float = 0.0  # the draft stops proposing below this probability (llama.cpp's)
     host: str = "127.0.0.1"
     port: int = 50050
     target_port: int = 0  # 0 = any free port
@@ -322,7 +323,7 @@ class Stack:
             "--max-num-batched-tokens", str(c.max_num_batched_tokens),
             "--max-num-seqs", str(c.max_num_seqs), "--max-queue-len", str(c.max_queue_len),
             "--num-scheduler-steps", str(c.num_scheduler_steps), "--pipeline", c.pipeline,
-            "--metrics-port", str(metrics_port),
+            "--draft-p-min", str(c.draft_p_min), "--metrics-port", str(metrics_port),
             *(["--served-model-name", c.served_model_name] if c.served_model_name else []),
             *(["--draft-rebuild-every-step"] if c.draft_rebuild_every_step else []),
             *(["--tls-cert", c.tls_cert, "--tls-key", c.tls_key] if c.tls_cert else []),

@@ -27,10 +27,11 @@ def draft_step_request(
     propose: list[DecodeEntry],
     kv_scales: common_pb2.KVScaleTable,
     ahead_of: Proposals | None = None,
+    min_prob: float = 0.0,
 ) -> draft_pb2.DraftStepRequest:
-    """Ingest plans then proposals; the full KV-scale table when a sequence opens. With
-    ``ahead_of`` (pipelining), each proposal comes after the proposals the target is
-    verifying for that request."""
+    """Ingest plans then proposals (each ending early below ``min_prob``); the full
+    KV-scale table when a sequence opens. With ``ahead_of`` (pipelining), each proposal
+    comes after the proposals the target is verifying for that request."""
     message = draft_pb2.DraftStepRequest(
         step_id=step_id,
         kv_scales_version=kv_scales.version,
@@ -46,6 +47,7 @@ def draft_step_request(
                 num_tokens=d.k,
                 sampling=sampling_pb(d.request.sampling),
                 ahead_of=(ahead_of or {}).get(d.request.request_id, ((), ()))[0],
+                min_prob=min_prob,
             )
             for d in propose
         ],

@@ -33,12 +33,15 @@ class IngestPlan:
 @dataclass(frozen=True)
 class ProposeEntry:
     """K proposals after the committed log; with ``ahead_of`` (pipelining), after the log
-    followed by ``ahead_of`` and the draft's own guess of the token the target adds next."""
+    followed by ``ahead_of`` and the draft's own guess of the token the target adds next.
+    ``min_prob`` > 0: the proposals end before the first whose probability under the
+    draft (its distribution after the request's sampling parameters) is below it."""
 
     request_id: str
     num_tokens: int
     sampling: Sampling = Sampling()
     ahead_of: tuple[int, ...] = ()
+    min_prob: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class _Work:
     num_tokens: int = 0  # K (0: ingest only)
     sampling: Sampling = Sampling()
     ahead_of: tuple[int, ...] = ()  # fed after the committed tokens, kept as tail
+    min_prob: float = 0.0
     opens: bool = False
 
     @property
@@ -266,7 +270,10 @@ class Drafter:
         bad = [t for t in entry.ahead_of if t >= self.runner.vocab_size]
         if bad:
             raise InvalidRequestError(f"request {rid}: ahead_of holds out-of-range id {bad[0]}")
+        if not 0.0 <= entry.min_prob < 1.0:
+            raise InvalidRequestError(f"request {rid}: min_prob must be in [0, 1)")
         w.num_tokens, w.sampling, w.ahead_of = entry.num_tokens, entry.sampling, entry.ahead_of
+        w.min_prob = entry.min_prob
         work[rid] = w
 
     def _check_version(self, rid: str, version: int) -> None:
@@ -344,13 +351,17 @@ class Drafter:
 
     def _propose(self, work: list[_Work], first: dict[str, torch.Tensor]) -> list[Proposal]:
         """Each further pick is one ``extend`` over the requests still picking. An ahead
-        request's first pick is its guess (the draft's argmax), the rest its proposals."""
+        request's first pick is its guess (the draft's argmax), the rest its proposals. A
+        request stops picking at its first proposal less likely than its ``min_prob``."""
         tokens: dict[str, list[int]] = {w.request_id: [] for w in work}
         probs: dict[str, list[SparseProbs]] = {w.request_id: [] for w in work}
+        stopped: set[str] = set()
         logits = first
         num_picks = max((w.num_picks for w in work), default=0)
         for position in range(num_picks):
-            active = [w for w in work if w.num_picks > position]
+            active = [w for w in work if w.num_picks > position and w.request_id not in stopped]
+            if not active:
+                break
             if position == 1 and self._greedy_rest(active, num_picks, tokens):
                 break
             if position > 0:
@@ -365,6 +376,9 @@ class Drafter:
                     continue
                 index = position - (1 if w.ahead_of else 0)
                 token, row = self._pick(w, logits[w.request_id], index)
+                if token is None:
+                    stopped.add(w.request_id)
+                    continue
                 tokens[w.request_id].append(token)
                 if row is not None:
                     probs[w.request_id].append(row)
@@ -380,28 +394,42 @@ class Drafter:
     ) -> bool:
         """Picks 1 onwards in one C call (``ModelRunner.decode_greedy``) when every request
         still picking is greedy and picks as many; False (nothing done) otherwise."""
-        if not all(w.sampling.greedy and w.num_picks == num_picks for w in active):
+        min_prob = active[0].min_prob
+        if not all(
+            w.sampling.greedy and w.num_picks == num_picks and w.min_prob == min_prob
+            for w in active
+        ):
             return False
         ids = [w.request_id for w in active]
-        rest = self.runner.decode_greedy(ids, [tokens[rid][-1] for rid in ids], num_picks - 1)
+        first = [tokens[rid][-1] for rid in ids]
+        rest = self.runner.decode_greedy(ids, first, num_picks - 1, min_prob)
         if rest is None:
             return False
-        for rid, picked in zip(ids, rest, strict=True):
-            self._seqs[rid].tail += [tokens[rid][-1], *picked[:-1]]
+        for rid, token, picked in zip(ids, first, rest, strict=True):
+            # The sequence holds one more token per pick: the fed token, then the picks.
+            self._seqs[rid].tail += [token, *picked][: len(picked)]
             tokens[rid] += picked
         return True
 
-    def _pick(self, w: _Work, logits: torch.Tensor, index: int) -> tuple[int, SparseProbs | None]:
+    def _pick(
+        self, w: _Work, logits: torch.Tensor, index: int
+    ) -> tuple[int | None, SparseProbs | None]:
         """Greedy: argmax. Sampling: a draw from q and q itself, q being the request's
         distribution cut to its MAX_DRAFT_SUPPORT likeliest tokens (what travels); the draw
         is keyed by the proposal's absolute position, so a draft rebuilt from the log
-        proposes the same."""
+        proposes the same. ``(None, None)`` where q's likeliest token is below
+        ``min_prob``: the proposals end here."""
         if w.sampling.greedy:
-            return int(logits[-1].argmax()), None
+            token = int(logits[-1].argmax())
+            if w.min_prob and float(torch.softmax(logits[-1].float(), -1)[token]) < w.min_prob:
+                return None, None
+            return token, None
         seq = self._seqs[w.request_id]
         if seq.stream is None:
             seq.stream = w.sampling.random_stream(DRAFT_DOMAIN)
         q = SparseProbs.of(w.sampling.probs(logits[-1:])[0])
+        if w.min_prob and float(q.probs.max()) < w.min_prob:
+            return None, None
         # Ahead, the proposal's position counts the ahead_of tokens and the guess.
         position = seq.num_committed + (len(w.ahead_of) + 1 if w.ahead_of else 0) + index
         return q.sample(seq.stream.uniform(position, PROPOSE_DRAW)), q

@@ -31,7 +31,9 @@ def step_from_proto(msg: draft_pb2.DraftStepRequest, failed: dict[str, Exception
         except InvalidRequestError as error:
             failed[e.request_id] = error
             continue
-        propose.append(ProposeEntry(e.request_id, e.num_tokens, sampling, tuple(e.ahead_of)))
+        propose.append(
+            ProposeEntry(e.request_id, e.num_tokens, sampling, tuple(e.ahead_of), e.min_prob)
+        )
     return DraftStep(
         kv_scales_version=msg.kv_scales_version,
         kv_scales=kv_table_from_proto(msg.kv_scales) if msg.HasField("kv_scales") else None,

@@ -57,6 +57,8 @@ class _Greedy(ctypes.Structure):
         ("positions", _P),
         ("kv_rows", _P),
         ("kv_lens", _P),
+        ("min_prob", _F32),
+        ("num_picks", _P),
     ]
 
 
@@ -183,12 +185,15 @@ class DecoderLayers:
         sin_signed: torch.Tensor,
         step: NativeStep,
         head: GreedyHead,
-    ) -> torch.Tensor:
+        min_prob: float = 0.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy decoding in one C call: each of the batch's sequences feeds its token of
         ``tokens [B]`` (int64), picks the argmax of the head's logits, and feeds that next,
-        ``steps`` times; returns the picks ``[steps, B]``. ``positions``,
-        ``step.kv_rows`` and ``step.kv_lens`` hold one row per forward (``[steps, B]``,
-        ``[steps, 2 B]``, ``[steps, B]``); the page tables cover every forward's tokens."""
+        ``steps`` times; returns the picks ``[steps, B]`` and how many each kept ``[B]``:
+        a sequence stops before its first pick whose probability is below ``min_prob``
+        (its later rows are not picks). ``positions``, ``step.kv_rows`` and
+        ``step.kv_lens`` hold one row per forward (``[steps, B]``, ``[steps, 2 B]``,
+        ``[steps, B]``); the page tables cover every forward's tokens."""
         s = self.shape
         steps, batch = positions.shape
         if tokens.dtype != torch.int64 or tokens.shape != (batch,):
@@ -202,11 +207,13 @@ class DecoderLayers:
         hidden = torch.empty(batch, s.hidden, dtype=torch.float32)
         scratch = torch.empty(batch * s.scratch_floats_per_token, dtype=torch.float32)
         logits = torch.empty(batch, rows, dtype=torch.float32)
+        num_picks = torch.empty(batch, dtype=torch.int64)
         spec = self._step(batch, positions[0], cos, sin_signed, step)
         greedy = _Greedy(
             steps, head.embed.data_ptr(), head.norm.data_ptr(), head.eps, head.head.data_ptr(),
             rows, None if head.token_ids is None else head.token_ids.data_ptr(),
             positions.data_ptr(), step.kv_rows.data_ptr(), step.kv_lens.data_ptr(),
+            min_prob, num_picks.data_ptr(),
         )  # fmt: skip
         status = self._greedy(
             self._table, self.num_layers, ctypes.byref(spec), ctypes.byref(greedy),
@@ -214,7 +221,7 @@ class DecoderLayers:
             logits.data_ptr(),
         )  # fmt: skip
         _check(status)
-        return out
+        return out, num_picks
 
     def _step(self, tokens, positions, cos, sin_signed, step: NativeStep) -> _Step:
         s = self.shape

@@ -198,15 +198,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode_greedy(
-        self, seq_ids: list[str], tokens: list[int], steps: int
+        self, seq_ids: list[str], tokens: list[int], steps: int, min_prob: float = 0.0
     ) -> list[list[int]] | None:
         """Greedy decoding with no Python between forwards: each sequence feeds its token
         of ``tokens``, then the argmax of its logits, ``steps`` times, in one C call
         (``DecoderLayers.greedy``: the kernels ``extend`` runs, so the tokens ``extend``
-        and argmax would pick). Returns each sequence's ``steps`` picks; the sequence then
-        holds ``steps`` more tokens (every pick but the last). None, with nothing changed,
-        where the C loop does not apply (PyTorch path, FP8 KV cache, reference attention).
-        Errors as ``extend``'s, all-or-nothing."""
+        and argmax would pick). Returns each sequence's picks: ``steps`` of them, or fewer
+        where one's probability fell below ``min_prob`` (the picks before it); a sequence
+        then holds as many more tokens as it has picks (its token, then every pick but the
+        last). None, with nothing changed, where the C loop does not apply (PyTorch path,
+        FP8 KV cache, reference attention). Errors as ``extend``'s, all-or-nothing."""
         layers, head = self.model.model.native_layers, self.model.greedy_head()
         if layers is None or head is None or not self.cache.writes_in_c or steps < 1:
             return None
@@ -217,25 +218,27 @@ class ModelRunner:
         self.cache.reserve(seq_ids, [steps] * len(seq_ids))
         start = time.perf_counter()
         try:
-            picks = self._greedy_forward(layers, head, seq_ids, tokens, steps, old_lens)
+            picked = self._greedy_forward(layers, head, seq_ids, tokens, steps, old_lens, min_prob)
         except BaseException:
             self._truncate_to(seq_ids, old_lens)
             raise
-        if picks is None:
+        if picked is None:
             self._truncate_to(seq_ids, old_lens)
             return None
         self.forward_seconds += time.perf_counter() - start
+        picks, counts = picked[0].t().tolist(), picked[1].tolist()
+        self._truncate_to(seq_ids, [n + c for n, c in zip(old_lens, counts, strict=True)])
         for seq_id in seq_ids:
             self._seq_tables[seq_id] = self._kv_scales
-        return picks.t().tolist()
+        return [row[:c] for row, c in zip(picks, counts, strict=True)]
 
     def _truncate_to(self, seq_ids: list[str], lengths: list[int]) -> None:
         for seq_id, length in zip(seq_ids, lengths, strict=True):
             self.cache.truncate(seq_id, length)
 
     def _greedy_forward(
-        self, layers, head, seq_ids, tokens, steps, old_lens
-    ) -> torch.Tensor | None:
+        self, layers, head, seq_ids, tokens, steps, old_lens, min_prob
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         mc, batch = self.model_config, len(seq_ids)
         backend = self.backend
         group = mc.num_heads // mc.num_kv_heads  # query rows per KV head at one token each
@@ -263,7 +266,7 @@ class ModelRunner:
         )
         first = torch.tensor(tokens, dtype=torch.int64)
         return layers.greedy(
-            first, by_forward(meta.positions), rope.cos, rope.sin_signed, step, head
+            first, by_forward(meta.positions), rope.cos, rope.sin_signed, step, head, min_prob
         )
 
     def _validate(self, chunks: list[SequenceChunk]) -> None:

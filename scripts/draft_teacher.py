@@ -1,18 +1,26 @@
 """The target's answers to chat prompts, with its next-token distribution at every position.
 
-The target (the project's ``ModelRunner``: ragged batches, so a finished answer stops
-costing anything) prefills a batch of prompts with logits at every prompt position, then
-decodes greedily or by sampling. Each position keeps the target's top-k log-probabilities
-over the full vocabulary (float16), which is what the draft is distilled towards.
+A batched Llama forward in plain PyTorch over the target's weights held in bfloat16, so
+its matrix products run on the CPU's bfloat16 units (AMX / AVX-512 BF16 through oneDNN,
+several times the float32 rate where the CPU has them; correct but slower elsewhere):
+right-padded ragged batches over a preallocated KV cache, greedy or sampled answers,
+then one causal pass over every finished sequence that keeps the top-k log-probabilities
+over the full vocabulary (float16) at each position, which is what the draft is distilled
+towards. bfloat16 moves the target's argmax away from its float32 one only at near-ties
+(``agreement_with_runtime`` measures how often).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from runtime import ModelRunner, SequenceChunk
+from runtime.loader import iterate_checkpoint
+from runtime.model_config import ModelConfig
 
 
 @dataclass
@@ -32,65 +40,178 @@ class TeacherSequence:
 
 
 def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    values, ids = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
+    values, ids = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
     return ids.to(torch.int32), values.to(torch.float16)
+
+
+class Teacher:
+    """The target (an HF Llama folder) as a batched bfloat16 forward with a KV cache."""
+
+    def __init__(self, model_dir: Path, dtype: torch.dtype = torch.bfloat16):
+        config = ModelConfig.from_pretrained(model_dir)
+        if config.qk_norm or config.rope.rope_type != "default" or config.head_token_ids:
+            raise ValueError(f"{model_dir}: the teacher runs plain Llama checkpoints only")
+        self.num_layers = config.num_layers
+        self.num_heads, self.num_kv = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.eps = config.rms_norm_eps
+        self.eos = config.eos_token_ids[0]
+        self.w = {
+            name: tensor.to(dtype)
+            for name, tensor in iterate_checkpoint(model_dir)
+            if not name.endswith("_scale")
+        }
+        self.head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
+        half = self.head_dim // 2
+        self.inv_freq = 1.0 / config.rope.theta ** (torch.arange(half).float() / half)
+        self.dtype = dtype
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * weight.float()).to(self.dtype)
+
+    def rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x ``[B, H, T, D]``, positions ``[B, T]`` (HF Llama's rotate-half convention);
+        float32 out."""
+        angles = positions[:, None, :, None].float() * self.inv_freq
+        cos, sin = angles.cos(), angles.sin()
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+    def forward(self, ids, positions, cache, mask) -> torch.Tensor:
+        """Hidden states ``[B, T, hidden]`` (final norm applied) for tokens ``ids [B, T]`` at
+        ``positions``; their K/V are written into ``cache`` at those positions; ``mask``
+        ``[B, 1, T, S]`` says which of the first S cached positions each query sees."""
+        b, t = ids.shape
+        x = F.embedding(ids, self.w["model.embed_tokens.weight"])
+        rows = torch.arange(b)[:, None, None]
+        heads = torch.arange(self.num_kv)[None, :, None]
+        slots = positions[:, None, :]
+        for i in range(self.num_layers):
+            p = f"model.layers.{i}."
+            h = self.norm(x, self.w[p + "input_layernorm.weight"])
+            q = F.linear(h, self.w[p + "self_attn.q_proj.weight"])
+            k = F.linear(h, self.w[p + "self_attn.k_proj.weight"])
+            v = F.linear(h, self.w[p + "self_attn.v_proj.weight"])
+            q = self.rope(q.view(b, t, self.num_heads, -1).transpose(1, 2), positions)
+            k = self.rope(k.view(b, t, self.num_kv, -1).transpose(1, 2), positions)
+            keys, values = cache[i]
+            keys[rows, heads, slots] = k.to(self.dtype)
+            values[rows, heads, slots] = v.view(b, t, self.num_kv, -1).transpose(1, 2)
+            span = mask.shape[-1]  # the cached positions any query sees
+            out = attention(q.to(self.dtype), keys[:, :, :span], values[:, :, :span], mask)
+            x = x + F.linear(out.transpose(1, 2).reshape(b, t, -1),
+                             self.w[p + "self_attn.o_proj.weight"])  # fmt: skip
+            h = self.norm(x, self.w[p + "post_attention_layernorm.weight"])
+            gate = F.linear(h, self.w[p + "mlp.gate_proj.weight"])
+            up = F.linear(h, self.w[p + "mlp.up_proj.weight"])
+            x = x + F.linear(F.silu(gate) * up, self.w[p + "mlp.down_proj.weight"])
+        return self.norm(x, self.w["model.norm.weight"])
+
+    def new_cache(self, batch: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        shape = (batch, self.num_kv, length, self.head_dim)
+        return [
+            (torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
+            for _ in range(self.num_layers)
+        ]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.head).float()
+
+
+def attention(q, keys, values, mask) -> torch.Tensor:
+    """Grouped-query attention; one query row per sequence as a batched matmul (the fused
+    CPU kernel is slow for it), longer ones through SDPA."""
+    b, h, t, d = q.shape
+    if t > 1:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+    kv = keys.shape[1]
+    scores = q.view(b, kv, h // kv, d) @ keys.transpose(-1, -2) * d**-0.5
+    scores = scores.float().masked_fill(~mask.view(b, 1, 1, -1), float("-inf"))
+    return (scores.softmax(-1).to(q.dtype) @ values).view(b, h, 1, d)
+
+
+def causal_mask(lengths: torch.Tensor, length: int) -> torch.Tensor:
+    """``[B, 1, length, length]``: causal, and no query sees a padded key."""
+    pos = torch.arange(length)
+    causal = pos[None, :] <= pos[:, None]
+    real = pos[None, :] < lengths[:, None]
+    return (causal[None] & real[:, None, :])[:, None]
 
 
 @torch.inference_mode()
 def generate(
-    runner: ModelRunner,
+    teacher: Teacher,
     prompts: list[list[int]],
     sampled: list[bool],
     max_new_tokens: int,
     temperature: float,
     k: int,
     generator: torch.Generator,
-    prefill_group: int = 16,
 ) -> list[TeacherSequence]:
     """Answer every prompt (greedy, or sampled at ``temperature`` where ``sampled``) until
     an EOS token (kept) or ``max_new_tokens``."""
-    ids = [f"teacher-{i}" for i in range(len(prompts))]
-    tokens = [list(p) for p in prompts]
-    tops: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in prompts]
-    last: list[torch.Tensor] = [None] * len(prompts)  # logits after each sequence's last token
-    for i in ids:
-        runner.open(i)
-    try:
-        for start in range(0, len(prompts), prefill_group):
-            group = range(start, min(start + prefill_group, len(prompts)))
-            chunks = [SequenceChunk(ids[i], prompts[i], len(prompts[i])) for i in group]
-            for i, logits in zip(group, runner.extend(chunks), strict=True):
-                tops[i].append(top_k(logits[:-1], k))
-                last[i] = logits[-1]
-        active = list(range(len(prompts)))
-        for step in range(max_new_tokens):
-            still = []
-            for i in active:
-                tops[i].append(top_k(last[i][None], k))
-                if sampled[i]:
-                    probs = torch.softmax(last[i] / temperature, dim=-1)
-                    token = int(torch.multinomial(probs, 1, generator=generator))
-                else:
-                    token = int(last[i].argmax())
-                tokens[i].append(token)
-                if token not in runner.eos_token_ids and step + 1 < max_new_tokens:
-                    still.append(i)
-            active = still
-            if not active:
-                break
-            chunks = [SequenceChunk(ids[i], [tokens[i][-1]]) for i in active]
-            for i, logits in zip(active, runner.extend(chunks), strict=True):
-                last[i] = logits[-1]
-    finally:
-        for i in ids:
-            runner.release(i)
-    return [
-        TeacherSequence(
-            token_ids=tokens[i],
-            prompt_len=len(prompts[i]),
-            sampled=sampled[i],
-            top_ids=torch.cat([t[0] for t in tops[i]]),
-            top_logprobs=torch.cat([t[1] for t in tops[i]]),
-        )
-        for i in range(len(prompts))
-    ]
+    b = len(prompts)
+    rows = torch.arange(b)
+    lengths = torch.tensor([len(p) for p in prompts])
+    width = int(lengths.max())
+    total = width + max_new_tokens
+    ids = torch.full((b, total), teacher.eos, dtype=torch.int64)
+    for i, p in enumerate(prompts):
+        ids[i, : len(p)] = torch.tensor(p)
+    cache = teacher.new_cache(b, total)
+    hidden = teacher.forward(ids[:, :width], torch.arange(width).expand(b, width), cache,
+                             causal_mask(lengths, width))  # fmt: skip
+    tops = [[top_k(teacher.logits(hidden[i, : len(p)]), k)] for i, p in enumerate(prompts)]
+    last = teacher.logits(hidden[rows, lengths - 1])
+    sampled_rows = torch.tensor(sampled).nonzero()[:, 0]
+    done = torch.zeros(b, dtype=torch.bool)
+    cur = lengths.clone()  # where each sequence's next token goes
+    for step in range(max_new_tokens):
+        token = last.argmax(-1)
+        if sampled_rows.numel():
+            # The Gumbel-max trick: argmax(logits / T + G), G ~ Gumbel(0, 1), draws from
+            # softmax(logits / T).
+            u = torch.rand(len(sampled_rows), last.shape[1], generator=generator)
+            gumbel = -(-u.clamp(min=1e-20).log()).log()
+            token[sampled_rows] = (last[sampled_rows] / temperature + gumbel).argmax(-1)
+        ids[rows, cur] = torch.where(done, ids[rows, cur], token)
+        done |= token == teacher.eos
+        cur = torch.where(done, cur, cur + 1)
+        if bool(done.all()) or step + 1 == max_new_tokens:
+            break
+        span = int(cur.max())
+        step_mask = (torch.arange(span)[None, :] < cur[:, None])[:, None, None, :]
+        hidden = teacher.forward(ids[rows, cur - 1][:, None], (cur - 1)[:, None], cache,
+                                 step_mask)  # fmt: skip
+        last = teacher.logits(hidden[:, 0])
+        top_ids, top_lp = top_k(last, k)
+        for i in (~done).nonzero()[:, 0].tolist():
+            tops[i].append((top_ids[i : i + 1], top_lp[i : i + 1]))
+    # An answer ends after its EOS (kept) or at max_new_tokens; the log-probs cover every
+    # position but the last.
+    out = []
+    for i, p in enumerate(prompts):
+        end = int(cur[i]) + int(done[i])
+        top_ids = torch.cat([t[0] for t in tops[i]])[: end - 1]
+        top_lp = torch.cat([t[1] for t in tops[i]])[: end - 1]
+        out.append(TeacherSequence(ids[i, :end].tolist(), len(p), sampled[i], top_ids, top_lp))
+    return out
+
+
+@torch.inference_mode()
+def agreement_with_runtime(teacher: Teacher, runner: ModelRunner, data) -> float:
+    """Share of positions where the bfloat16 teacher's argmax equals the project's float32
+    runtime's (what greedy verification compares with)."""
+    agree = count = 0
+    for n, seq in enumerate(data):
+        runner.open(f"check-{n}")
+        try:
+            chunk = SequenceChunk(f"check-{n}", seq.token_ids[:-1], len(seq.token_ids) - 1)
+            logits = runner.extend([chunk])[0]
+        finally:
+            runner.release(f"check-{n}")
+        agree += int((logits.argmax(-1) == seq.top_ids[:, 0]).sum())
+        count += len(seq.token_ids) - 1
+    return agree / count

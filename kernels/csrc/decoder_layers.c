@@ -8,6 +8,7 @@
  * KV caches only (the cache write is a row copy); runtime/model.py keeps the per-op path
  * for the rest. The caller (kernels/decoder_layers.py) checks every shape; this file
  * trusts them. */
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -105,6 +106,11 @@ struct specdec_greedy {
     const int64_t *head_ids; /* row -> token id, NULL when the head covers the vocabulary */
     /* [steps][batch], [steps][2 batch], [steps][batch] */
     const int64_t *positions, *kv_rows, *kv_lens;
+    /* A sequence stops picking at the first pick whose probability (softmax over the
+     * head's logits) is below min_prob (0: never); num_picks [batch] gets how many picks
+     * each kept. The loop ends once every sequence has stopped. */
+    float min_prob;
+    int64_t *num_picks;
 };
 
 /* tokens [batch] in: the first token each sequence feeds; out [steps][batch] the picks.
@@ -118,7 +124,9 @@ int specdec_greedy_decode(const struct specdec_layer *layers, int num_layers,
     const int64_t B = s.tokens;
     const int H = s.hidden;
     const linear_fn linear = linear_for(s.weight_kind);
-    for (int t = 0; t < g->steps; ++t) {
+    int64_t num_active = B;
+    for (int64_t b = 0; b < B; ++b) g->num_picks[b] = g->steps;
+    for (int t = 0; t < g->steps && num_active > 0; ++t) {
         const int64_t *feed = t == 0 ? tokens : out + (int64_t)(t - 1) * B;
         for (int64_t b = 0; b < B; ++b)
             memcpy(hidden + b * H, g->embed + feed[b] * H, sizeof(float) * (size_t)H);
@@ -137,7 +145,22 @@ int specdec_greedy_decode(const struct specdec_layer *layers, int num_layers,
                 const int64_t best_id = g->head_ids ? g->head_ids[best] : best;
                 if (row[r] > row[best] || (row[r] == row[best] && id < best_id)) best = r;
             }
-            out[(int64_t)t * B + b] = g->head_ids ? g->head_ids[best] : best;
+            const int64_t pick = g->head_ids ? g->head_ids[best] : best;
+            if (g->num_picks[b] < g->steps) { /* stopped: feeds its last token again */
+                out[(int64_t)t * B + b] = feed[b];
+                continue;
+            }
+            if (g->min_prob > 0.0f) {
+                double sum = 0.0;
+                for (int r = 0; r < g->head_rows; ++r) sum += exp((double)(row[r] - row[best]));
+                if (1.0 / sum < (double)g->min_prob) {
+                    g->num_picks[b] = t;
+                    --num_active;
+                    out[(int64_t)t * B + b] = feed[b];
+                    continue;
+                }
+            }
+            out[(int64_t)t * B + b] = pick;
         }
     }
     return 0;

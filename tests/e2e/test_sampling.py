@@ -103,7 +103,34 @@ def test_sampled_output_follows_the_targets_exact_distribution(
     samples, target_model, setting, seeded
 ):
     prompts, outs = samples[setting, seeded]
-    base = SETTINGS[setting]
+    assert_exact(target_model, prompts, outs, SETTINGS[setting])
+    # Every path of the sampler ran: accepted proposals, residual resamples after a
+    # rejection, and the bonus token after a fully accepted step (K = 2 after the prefill).
+    stats = [o.stats for o in outs]
+    assert sum(s["num_accepted_tokens"] for s in stats) > NUM_SAMPLES // 4
+    assert sum(s["num_accepted_tokens"] < s["num_draft_tokens"] for s in stats) > 50
+    assert sum(s["num_drafts"] == 1 and s["num_accepted_tokens"] == 2 for s in stats) > 20
+
+
+def test_drafts_cut_by_draft_p_min_keep_the_exact_distribution(target_model, prompt_ids):
+    """The draft stops proposing where its own distribution is flat (--draft-p-min): the
+    stopping point depends on the draft alone, so verification stays exact."""
+    prompts = [prompt_ids[i % 4][:8] for i in range(NUM_SAMPLES)]
+    base = SETTINGS["T1.0-full"]
+    params = [replace(base, max_tokens=NUM_NEW, ignore_eos=True) for _ in prompts]
+    config = dict(speculative_config=SPEC_CONFIG, max_num_seqs=BATCH, draft_p_min=0.3)
+    with running_stack(**config) as stack:
+        outs = run(stack.address, prompts, params)
+    assert_exact(target_model, prompts, outs, base)
+    stats = [o.stats for o in outs]
+    # Some drafts were cut to nothing (a decode step verified without proposals, which K = 3
+    # never asks for), and many were not.
+    assert sum(s["num_k0_steps"] > 0 for s in stats) > 50
+    assert sum(s["num_drafts"] > 0 for s in stats) > NUM_SAMPLES // 2
+    assert sum(s["num_accepted_tokens"] for s in stats) > NUM_SAMPLES // 8
+
+
+def assert_exact(target_model, prompts, outs, base: GenerateParams) -> None:
     params = dict(temperature=base.temperature, top_k=base.top_k, top_p=base.top_p)
     probs = torch.empty(len(outs), NUM_NEW, target_model.config.vocab_size)
     for prompt in {tuple(p) for p in prompts}:
@@ -123,9 +150,3 @@ def test_sampled_output_follows_the_targets_exact_distribution(
         pvalues.append(categorical_fit_pvalue(*repeat_categories(exact, token, previous)))
     shown = " ".join(f"{p:.1e}" for p in pvalues)
     assert min(pvalues) > P_MIN, f"p-values (rank, pair, repeat) x positions 1-4: {shown}"
-    # Every path of the sampler ran: accepted proposals, residual resamples after a
-    # rejection, and the bonus token after a fully accepted step (K = 2 after the prefill).
-    stats = [o.stats for o in outs]
-    assert sum(s["num_accepted_tokens"] for s in stats) > NUM_SAMPLES // 4
-    assert sum(s["num_accepted_tokens"] < s["num_draft_tokens"] for s in stats) > 50
-    assert sum(s["num_drafts"] == 1 and s["num_accepted_tokens"] == 2 for s in stats) > 20

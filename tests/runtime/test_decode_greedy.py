@@ -26,14 +26,20 @@ def prefill(runner: ModelRunner) -> list[int]:
     return [int(out[-1].argmax()) for out in runner.extend(chunks)]
 
 
-def one_forward_at_a_time(runner: ModelRunner, first: list[int]) -> list[list[int]]:
-    tokens, picks = first, [[] for _ in PROMPTS]
+def one_forward_at_a_time(runner: ModelRunner, first: list[int]):
+    """Each sequence's STEPS greedy picks, and each pick's probability."""
+    tokens, picks, probs = first, [[] for _ in PROMPTS], [[] for _ in PROMPTS]
     for _ in range(STEPS):
         outs = runner.extend([SequenceChunk(s, [t]) for s, t in zip(PROMPTS, tokens, strict=True)])
         tokens = [int(out[-1].argmax()) for out in outs]
-        for picked, token in zip(picks, tokens, strict=True):
-            picked.append(token)
-    return picks
+        for n, out in enumerate(outs):
+            picks[n].append(tokens[n])
+            probs[n].append(float(torch.softmax(out[-1], -1).max()))
+    return picks, probs
+
+
+def first_below(probs: list[float], threshold: float) -> int:
+    return next((i for i, p in enumerate(probs) if p < threshold), len(probs))
 
 
 def next_logits(runner: ModelRunner, picks: list[list[int]]) -> torch.Tensor:
@@ -52,7 +58,7 @@ def test_one_c_call_picks_what_extend_and_argmax_pick(tmp_path, tiny_checkpoint,
     stepwise, native = runner_for(path, dtype=dtype), runner_for(path, dtype=dtype)
     first = prefill(stepwise)
     assert prefill(native) == first
-    expected = one_forward_at_a_time(stepwise, first)
+    expected, _ = one_forward_at_a_time(stepwise, first)
     picks = native.decode_greedy(list(PROMPTS), first, STEPS)
     assert picks == expected
     if head == "subset":
@@ -80,3 +86,26 @@ def test_a_sequence_that_would_pass_max_model_len_fails_the_call_and_changes_not
     with pytest.raises(ValueError, match="max_model_len"):
         runner.decode_greedy(list(PROMPTS), first, STEPS)
     assert [runner.seq_len(s) for s in PROMPTS] == [len(p) for p in PROMPTS.values()]
+
+
+def test_min_prob_stops_each_sequence_before_its_first_unlikely_pick(tiny_checkpoint, tmp_path):
+    path = tiny_checkpoint(tmp_path / "llama", "llama")
+    stepwise, native = runner_for(path), runner_for(path)
+    first = prefill(stepwise)
+    prefill(native)
+    picks, probs = one_forward_at_a_time(stepwise, first)
+    # A threshold halfway between two probabilities (far from both, so float rounding in
+    # the C loop cannot move it) that stops the two sequences after different picks.
+    ranked = sorted({p for ps in probs for p in ps})
+    midpoints = [(a + b) / 2 for a, b in zip(ranked, ranked[1:], strict=False) if b - a > 1e-4]
+    threshold, cuts = next(
+        (t, cuts)
+        for t in midpoints
+        if min(cuts := [first_below(ps, t) for ps in probs]) > 0 and min(cuts) < max(cuts) < STEPS
+    )
+    got = native.decode_greedy(list(PROMPTS), first, STEPS, min_prob=threshold)
+    assert got == [p[:c] for p, c in zip(picks, cuts, strict=True)]
+    for (seq_id, prompt), cut in zip(PROMPTS.items(), cuts, strict=True):
+        assert native.seq_len(seq_id) == len(prompt) + cut
+        stepwise.truncate(seq_id, len(prompt) + cut)
+    assert torch.equal(next_logits(native, got), next_logits(stepwise, got))

@@ -18,16 +18,18 @@ class IngestPlan(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., start_position: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProposeEntry(_message.Message):
-    __slots__ = ("request_id", "num_tokens", "sampling", "ahead_of")
+    __slots__ = ("request_id", "num_tokens", "sampling", "ahead_of", "min_prob")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     AHEAD_OF_FIELD_NUMBER: _ClassVar[int]
+    MIN_PROB_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     num_tokens: int
     sampling: _common_pb2.SamplingParams
     ahead_of: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., ahead_of: _Optional[_Iterable[int]] = ...) -> None: ...
+    min_prob: float
+    def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., ahead_of: _Optional[_Iterable[int]] = ..., min_prob: _Optional[float] = ...) -> None: ...
 
 class DraftStepRequest(_message.Message):
     __slots__ = ("step_id", "kv_scales_version", "kv_scales", "ingest", "propose")
