@@ -219,9 +219,11 @@ class Engine:
         during the previous verify (and whose commit matched what they assumed) skips the
         draft call; the others draft first; then, while the target verifies, the draft
         ingests the rest and proposes for the next step, assuming this one's proposals are
-        all accepted. It does so only for requests whose last verify accepted everything:
-        on a 2-core host the two models slow each other when they run at once, so work
-        ahead pays only where it is likely to be used."""
+        all accepted. It does so only for requests whose last verify accepted everything
+        and whose proposals now run to their K: on a 2-core host the two models slow each
+        other when they run at once, so work ahead pays only where it is likely to be used,
+        and a draft cut short by --draft-p-min ended where it was unsure of the next token,
+        the very token work ahead would have to guess."""
         if self.config.pipeline == "off":
             proposals = await self._draft_step(plan, metadata, plan.ingest, plan.propose)
             return proposals, await self._verify(plan, proposals, metadata)
@@ -238,7 +240,7 @@ class Engine:
         ahead = [
             d
             for d in plan.propose
-            if d.request.accepted_all and proposals.get(d.request.request_id, ((),))[0]
+            if d.request.accepted_all and len(proposals.get(d.request.request_id, ((),))[0]) == d.k
         ]
         draft = self._draft_step(plan, metadata, rest, ahead, ahead_of=proposals, release=not fresh)
         _, results = await asyncio.gather(draft, verify)

@@ -116,7 +116,10 @@ class FakeTarget:
 
 
 class FakeDraft:
-    def __init__(self, wrong_positions: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self, wrong_positions: frozenset[int] = frozenset(), max_proposals: int | None = None
+    ) -> None:
+        self.max_proposals = max_proposals  # a draft that stops early (--draft-p-min)
         self.logs: dict[str, list[int]] = {}
         self.released_logs: dict[str, list[int]] = {}  # what it held when released
         self.requests: list[draft_pb2.DraftStepRequest] = []
@@ -169,7 +172,8 @@ class FakeDraft:
             if entry.ahead_of:
                 proposal.guessed_token_id = self.guess(n)
                 n += 1
-            proposal.token_ids.extend(self.guess(n + i) for i in range(entry.num_tokens))
+            num = min(entry.num_tokens, self.max_proposals or entry.num_tokens)
+            proposal.token_ids.extend(self.guess(n + i) for i in range(num))
             proposals.append(proposal)
         touched = {p.request_id for p in request.ingest} | {p.request_id for p in request.propose}
         touched -= refused

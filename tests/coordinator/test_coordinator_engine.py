@@ -198,6 +198,23 @@ def test_pipelined_steps_use_the_proposals_prepared_during_the_last_verify(wrong
     assert draft.released_logs["a"] == r.token_ids[: len(draft.released_logs["a"])]
 
 
+def test_a_draft_cut_short_is_verified_and_never_worked_ahead_of():
+    """--draft-p-min reaches the draft; a draft that stops before K stopped where it was
+    unsure of the next token, which work ahead would have to guess."""
+    draft, target = FakeDraft(max_proposals=2), FakeTarget()
+    engine = make_engine(draft, target, draft_p_min=0.4)
+    r = make_request("a", [1, 2, 3, 4], max_tokens=21)
+    (result,) = asyncio.run(run(engine, r))
+    assert result == (expected_output(4, 21), "length", None)
+    entries = [e for s in draft.requests for e in s.propose]
+    assert entries and all(e.min_prob == pytest.approx(0.4) for e in entries)
+    assert r.stats.num_accepted_tokens == r.stats.num_draft_tokens > 0
+    # Every draft but the last (K capped by the room left) stopped at 2 of K = 3 tokens,
+    # and no work ahead followed one of those.
+    assert r.stats.num_draft_tokens == 2 * (r.stats.num_drafts - 1) + 1
+    assert not any(len(e.ahead_of) == 2 for e in entries)
+
+
 def test_pipeline_off_drafts_then_verifies_in_turn():
     draft, target = FakeDraft(), FakeTarget()
     engine = make_engine(draft, target, pipeline="off")
