@@ -6,9 +6,10 @@ with ``--k`` greedy draft tokens per round (``eval_models.acceptance``): mean ac
 length = 1 + accepted / drafts, and the acceptance rate per draft position. Then the cost
 of one decode step of each model at batch 1 on one thread (median over ``--repeats``
 steps at a ``--context``-token cache, the two models interleaved so load on the machine
-hits both alike). Last, the same greedy requests through the running stack (``Stack``: three
-processes, one core per model service, K = ``--k`` on every step), where the acceptance
-comes from the stats the Generate responses report. Figures go to ``<draft>/eval.json``.
+hits both alike). Last, the same greedy requests through the running stack (``Stack``:
+three processes, one core per model service, K = ``--k`` on every step, never cut short by
+``--draft-p-min``), where the acceptance comes from the stats the Generate responses
+report. Figures go to ``<draft>/eval.json``.
 
 Usage: ``python scripts/eval_draft.py [--k 5] [--new-tokens 64]``.
 """
@@ -73,6 +74,7 @@ def stack_acceptance(target: Path, draft: Path, questions: list[str], k: int, ne
         target_model=str(target),
         draft_model=str(draft),
         speculative_config=json.dumps({"num_speculative_tokens": k}),
+        draft_p_min=0.0,  # K proposals on every step, whatever the draft's confidence
         port=0,
     )
     params = GenerateParams(max_tokens=new_tokens)
