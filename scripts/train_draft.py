@@ -98,7 +98,9 @@ def encode_prompts(tokenizer, prompts: list[str], max_tokens: int) -> list[list[
     return out
 
 
-def teacher_data(recipe: Recipe, prompts: list[list[int]], path: Path) -> list[TeacherSequence]:
+def teacher_data(
+    recipe: Recipe, teacher: Teacher, prompts: list[list[int]], path: Path
+) -> list[TeacherSequence]:
     """The target's answers to ``prompts`` in order, generated until ``gen_minutes`` is spent.
 
     Cached in ``path`` after every batch; a later run resumes after the cached answers with
@@ -107,7 +109,6 @@ def teacher_data(recipe: Recipe, prompts: list[list[int]], path: Path) -> list[T
     if data:
         log(f"resuming teacher data {path}: {len(data)} answers cached")
     path.parent.mkdir(parents=True, exist_ok=True)
-    teacher = Teacher(MODEL_DIR)
     gen = torch.Generator().manual_seed(recipe.seed + 1 + len(data))
     t0 = time.time()
     budget = recipe.gen_minutes * 60
@@ -395,12 +396,13 @@ def main() -> None:
     log(f"prompts: {len(prompts)} train chats that fit, {len(heldout)} held out")
 
     t0 = time.time()
-    data = teacher_data(recipe, prompts, args.data_dir / "teacher.pt")
+    teacher = Teacher(MODEL_DIR)
+    data = teacher_data(recipe, teacher, prompts, args.data_dir / "teacher.pt")
     timings["teacher_minutes"] = round((time.time() - t0) / 60, 2)
     val_data, train_seqs = data[: recipe.num_val_sequences], data[recipe.num_val_sequences :]
     runner = ModelRunner.from_pretrained(MODEL_DIR, max_model_len=256, num_pages=64)
-    teacher_agreement = agreement_with_runtime(Teacher(MODEL_DIR), runner, val_data)
-    del runner
+    teacher_agreement = agreement_with_runtime(teacher, runner, val_data)
+    del runner, teacher
     log(f"the bfloat16 teacher's argmax is the float32 runtime's at {teacher_agreement:.4f}")
 
     target_config = json.loads((MODEL_DIR / "config.json").read_text())

@@ -138,17 +138,16 @@ int specdec_greedy_decode(const struct specdec_layer *layers, int num_layers,
         specdec_rms_norm(hidden, H, g->final_norm, g->final_eps, scratch, H, B, H);
         linear(scratch, H, g->head, NULL, NULL, 0, logits, B, H, g->head_rows);
         for (int64_t b = 0; b < B; ++b) {
+            if (g->num_picks[b] < g->steps) { /* stopped: feeds its last token again */
+                out[(int64_t)t * B + b] = feed[b];
+                continue;
+            }
             const float *row = logits + b * g->head_rows;
             int best = 0;
             for (int r = 1; r < g->head_rows; ++r) {
                 const int64_t id = g->head_ids ? g->head_ids[r] : r;
                 const int64_t best_id = g->head_ids ? g->head_ids[best] : best;
                 if (row[r] > row[best] || (row[r] == row[best] && id < best_id)) best = r;
-            }
-            const int64_t pick = g->head_ids ? g->head_ids[best] : best;
-            if (g->num_picks[b] < g->steps) { /* stopped: feeds its last token again */
-                out[(int64_t)t * B + b] = feed[b];
-                continue;
             }
             if (g->min_prob > 0.0f) {
                 double sum = 0.0;
@@ -160,7 +159,7 @@ int specdec_greedy_decode(const struct specdec_layer *layers, int num_layers,
                     continue;
                 }
             }
-            out[(int64_t)t * B + b] = pick;
+            out[(int64_t)t * B + b] = g->head_ids ? g->head_ids[best] : best;
         }
     }
     return 0;
