@@ -51,19 +51,24 @@ class BearerTokenServerInterceptor(grpc.aio.ServerInterceptor):
         async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-        if handler.response_streaming:
-
-            async def refuse_stream(request: Any, context: grpc.aio.ServicerContext):
-                await refuse(request, context)
-                yield  # pragma: no cover (abort raises)
-
-            return grpc.unary_stream_rpc_method_handler(
-                refuse_stream,
+        if not handler.response_streaming:
+            return grpc.unary_unary_rpc_method_handler(
+                refuse,
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
-        return grpc.unary_unary_rpc_method_handler(
-            refuse,
+
+        async def refuse_stream(request: Any, context: grpc.aio.ServicerContext):
+            await refuse(request, context)
+            yield  # pragma: no cover (abort raises)
+
+        streaming = (
+            grpc.stream_stream_rpc_method_handler
+            if handler.request_streaming
+            else grpc.unary_stream_rpc_method_handler
+        )
+        return streaming(
+            refuse_stream,
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )

@@ -41,6 +41,7 @@ from coordinator.metrics import Metrics, create_metrics, serve_metrics
 from coordinator.request import Request
 from coordinator.stats import SpecStats
 from coordinator.streaming import run_request, status_code
+from coordinator.streams import StreamedStub
 from coordinator.undecodable import UndecodableRequestInterceptor
 from coordinator.vllm_worker import ServedModel, VllmEngineServicer, add_to_server
 from protos.specdec.v1 import (
@@ -364,7 +365,14 @@ async def create_server(
     metrics = metrics or create_metrics()
     if config.metrics_port:
         serve_metrics(metrics, config.metrics_port, host=config.host)
-    engine = Engine(config, draft, target, limits, metrics)
+    # The per-step calls run over one stream each; the rest stay unary.
+    engine = Engine(
+        config,
+        draft and StreamedStub(draft, "Step", "StepStream", identity),
+        StreamedStub(target, "Verify", "VerifyStream", identity),
+        limits,
+        metrics,
+    )
 
     api_key = config.api_key or os.environ.get(API_KEY_ENV, "")
     who = f"this coordinator needs its API key (--api-key / {API_KEY_ENV})"

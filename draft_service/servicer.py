@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import logging
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -15,11 +15,10 @@ from runtime.serving import (
     ModelServicer,
     kv_table_from_proto,
     model_info,
+    refusal,
     status_code_for,
 )
 from telemetry.tracing import rpc_span
-
-log = logging.getLogger(__name__)
 
 
 def step_from_proto(msg: draft_pb2.DraftStepRequest, failed: dict[str, Exception]) -> DraftStep:
@@ -73,6 +72,19 @@ def result_to_proto(result: DraftStepResult) -> draft_pb2.DraftStepResponse:
     )
 
 
+def _step_span(request: draft_pb2.DraftStepRequest, context, carrier=None):
+    return rpc_span(
+        "specdec.draft.step",
+        context,
+        carrier,
+        **{
+            "specdec.step_id": request.step_id,
+            "specdec.num_ingest_plans": len(request.ingest),
+            "specdec.num_proposing": len(request.propose),
+        },
+    )
+
+
 def request_ids(request: draft_pb2.DraftStepRequest) -> set[str]:
     return {p.request_id for p in (*request.ingest, *request.propose)}
 
@@ -110,23 +122,24 @@ class DraftServicer(ModelServicer, draft_pb2_grpc.DraftServiceServicer):
     async def Step(
         self, request: draft_pb2.DraftStepRequest, context: grpc.aio.ServicerContext
     ) -> draft_pb2.DraftStepResponse:
-        with rpc_span(
-            "specdec.draft.step",
-            context,
-            **{
-                "specdec.step_id": request.step_id,
-                "specdec.num_ingest_plans": len(request.ingest),
-                "specdec.num_proposing": len(request.propose),
-            },
-        ):
+        with _step_span(request, context):
             try:
                 return await self._batcher.submit((request, self.caller(context)))
             except Exception as exc:
-                code = status_code_for(exc)
-                if code == grpc.StatusCode.INTERNAL:
-                    log.exception("unexpected error in a draft step")
-                await context.abort(code, str(exc) or type(exc).__name__)
+                await context.abort(*refusal(exc, "a draft step"))
                 raise  # unreachable: abort raises
+
+    async def StepStream(
+        self,
+        requests: AsyncIterator[draft_pb2.DraftStepRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[draft_pb2.DraftStepReply]:
+        async def answer(request: draft_pb2.DraftStepRequest, owner: str):
+            with _step_span(request, context, request.trace_context):
+                return await self._batcher.submit((request, owner))
+
+        async for reply in self.stream_replies(requests, context, answer, draft_pb2.DraftStepReply):
+            yield reply
 
     # Run on the executor thread, as ModelServicer's.
 

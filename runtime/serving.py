@@ -18,7 +18,7 @@ import sys
 import time
 import typing
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, TypeVar
@@ -172,6 +172,15 @@ def status_code_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+def refusal(exc: BaseException, where: object) -> tuple[grpc.StatusCode, str]:
+    """The status code and message that refuse a call ``exc`` ended; an unexpected error
+    (INTERNAL) is logged with its traceback, naming ``where`` it happened."""
+    code = status_code_for(exc)
+    if code == grpc.StatusCode.INTERNAL:
+        log.error("unexpected error in %s", where, exc_info=exc)
+    return code, str(exc) or type(exc).__name__
+
+
 # ---- the model executor ------------------------------------------------------------------
 
 
@@ -191,10 +200,7 @@ class ModelExecutor:
         try:
             return await self.run(fn, *args)
         except Exception as exc:
-            code = status_code_for(exc)
-            if code == grpc.StatusCode.INTERNAL:
-                log.exception("unexpected error in %s", getattr(fn, "__name__", fn))
-            await context.abort(code, str(exc) or type(exc).__name__)
+            await context.abort(*refusal(exc, getattr(fn, "__name__", fn)))
             raise  # unreachable: abort raises
 
     def shutdown(self) -> None:
@@ -314,6 +320,27 @@ class ModelServicer(ABC):
         return common_pb2.ReleaseResponse(
             num_released=num_released, num_free_pages=self.model.runner.num_free_pages
         )
+
+    async def stream_replies(
+        self,
+        requests: AsyncIterator[Any],
+        context: grpc.aio.ServicerContext,
+        answer: Callable[[Any, str], Awaitable[Any]],
+        reply_type: type,
+    ) -> AsyncIterator[Any]:
+        """The replies of a per-step stream (``StepStream``, ``VerifyStream``): for each
+        request in order, ``reply_type(response=await answer(request, caller))``, or
+        ``reply_type(error=...)`` with the status a unary call would have ended with; one
+        refused step leaves the stream open for the next."""
+        owner = self.caller(context)
+        async for request in requests:
+            try:
+                response = await answer(request, owner)
+            except Exception as exc:
+                code, message = refusal(exc, type(request).__name__)
+                yield reply_type(error=common_pb2.StepError(code=code.name, message=message))
+            else:
+                yield reply_type(response=response)
 
     @abstractmethod
     def _info(self) -> common_pb2.ModelInfo:

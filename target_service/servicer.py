@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import grpc
 import torch
 
@@ -50,6 +52,20 @@ def _convert(messages, from_proto, failed: dict[str, Exception]) -> list:
     return out
 
 
+def _verify_span(request: target_pb2.VerifyRequest, context, carrier=None):
+    return rpc_span(
+        "specdec.target.verify",
+        context,
+        carrier,
+        **{
+            "specdec.step_id": request.step_id,
+            "specdec.num_prefill_chunks": len(request.prefill),
+            "specdec.batch_size": len(request.decode),
+            "specdec.num_steps": max(request.num_steps, 1),
+        },
+    )
+
+
 def result_to_proto(r: VerifyResult) -> target_pb2.VerifyResult:
     result = target_pb2.VerifyResult(
         request_id=r.request_id,
@@ -69,17 +85,20 @@ class TargetServicer(ModelServicer, target_pb2_grpc.TargetServiceServicer):
     async def Verify(
         self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext
     ) -> target_pb2.VerifyResponse:
-        with rpc_span(
-            "specdec.target.verify",
-            context,
-            **{
-                "specdec.step_id": request.step_id,
-                "specdec.num_prefill_chunks": len(request.prefill),
-                "specdec.batch_size": len(request.decode),
-                "specdec.num_steps": max(request.num_steps, 1),
-            },
-        ):
+        with _verify_span(request, context):
             return await self.executor.call(context, self._verify, request, self.caller(context))
+
+    async def VerifyStream(
+        self,
+        requests: AsyncIterator[target_pb2.VerifyRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[target_pb2.VerifyReply]:
+        async def answer(request: target_pb2.VerifyRequest, owner: str):
+            with _verify_span(request, context, request.trace_context):
+                return await self.executor.run(self._verify, request, owner)
+
+        async for reply in self.stream_replies(requests, context, answer, target_pb2.VerifyReply):
+            yield reply
 
     # Run on the executor thread, as ModelServicer's.
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from opentelemetry import propagate, trace
 
 logger = logging.getLogger(__name__)
 _configured = False
+_tracer = trace.get_tracer("specdec")  # follows the provider configure_tracing installs
 
 
 def configure_tracing(default_service_name: str = "specdec-coordinator") -> None:
@@ -47,11 +48,17 @@ def configure_tracing(default_service_name: str = "specdec-coordinator") -> None
 
 
 @contextmanager
-def rpc_span(name: str, context: object, **attributes: object) -> Iterator[trace.Span]:
-    """A server span for one RPC, child of the caller's trace context from its metadata."""
-    parent = context_from_metadata(context.invocation_metadata())  # type: ignore[attr-defined]
-    tracer = trace.get_tracer("specdec")
-    with tracer.start_as_current_span(name, context=parent, attributes=attributes) as span:
+def rpc_span(
+    name: str, context: object, carrier: Mapping[str, str] | None = None, **attributes: object
+) -> Iterator[trace.Span]:
+    """A server span for one RPC, or one step of a stream, child of the caller's trace
+    context: from ``carrier`` (a stream message's ``trace_context``) when given, else from
+    the call's metadata."""
+    if carrier is not None:
+        parent = propagate.extract(dict(carrier)) if carrier else None
+    else:
+        parent = context_from_metadata(context.invocation_metadata())  # type: ignore[attr-defined]
+    with _tracer.start_as_current_span(name, context=parent, attributes=attributes) as span:
         yield span
 
 

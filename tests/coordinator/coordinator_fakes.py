@@ -204,6 +204,15 @@ async def _serve_call(context, call):
         await context.abort(e.code(), e.details())
 
 
+async def _serve_stream(requests, answer, reply_type):
+    """A per-step stream over a fake's unary method: a refused step is refused in its reply."""
+    async for request in requests:
+        try:
+            yield reply_type(response=await answer(request))
+        except grpc.aio.AioRpcError as e:
+            yield reply_type(error=common_pb2.StepError(code=e.code().name, message=e.details()))
+
+
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     """Serves a FakeDraft over real gRPC."""
 
@@ -212,6 +221,10 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
 
     async def Step(self, request, context):
         return await _serve_call(context, self.fake.Step(request))
+
+    async def StepStream(self, requests, context):
+        async for reply in _serve_stream(requests, self.fake.Step, draft_pb2.DraftStepReply):
+            yield reply
 
     async def Release(self, request, context):
         return await _serve_call(context, self.fake.Release(request))
@@ -226,6 +239,10 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
 
     async def Verify(self, request, context):
         return await _serve_call(context, self.fake.Verify(request))
+
+    async def VerifyStream(self, requests, context):
+        async for reply in _serve_stream(requests, self.fake.Verify, target_pb2.VerifyReply):
+            yield reply
 
     async def Release(self, request, context):
         return await _serve_call(context, self.fake.Release(request))

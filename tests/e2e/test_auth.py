@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.client import CoordinatorClient, GenerateParams
 from coordinator.launcher import ServiceProcess
-from protos.specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
+from protos.specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 
 KEY = "test-key-0123"
 PARAMS = GenerateParams(max_tokens=8, ignore_eos=True)
@@ -64,6 +64,13 @@ def test_the_model_services_refuse_callers_without_the_internal_token(stack, ser
             calls.append(
                 lambda: stub.Verify(target_pb2.VerifyRequest(), timeout=10, metadata=metadata)
             )
+            stream = stub.VerifyStream
+            first = target_pb2.VerifyRequest()
+        else:
+            stream = stub.StepStream
+            first = draft_pb2.DraftStepRequest()
+        # The per-step streams the coordinator uses are checked when they open.
+        calls.append(lambda: list(stream(iter([first]), timeout=10, metadata=metadata)))
         for call in calls:
             with pytest.raises(grpc.RpcError) as err:
                 call()

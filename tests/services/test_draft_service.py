@@ -124,6 +124,23 @@ def test_a_malformed_step_is_refused_whole(draft):
     assert not server.runner.has("ok")
 
 
+def test_step_stream_refuses_a_malformed_step_in_its_reply_and_answers_the_next(draft):
+    server, stub = draft
+    bad = draft_pb2.DraftStepRequest(ingest=[ingest("", 0, [5, 6])])
+    good = draft_pb2.DraftStepRequest(ingest=[ingest("s", 0, PROMPT)], propose=[propose("s", 3)])
+    replies = list(stub.StepStream(iter([bad, good, good]), timeout=30))
+    assert [r.WhichOneof("result") for r in replies] == ["error", "response", "response"]
+    assert replies[0].error.code == "INVALID_ARGUMENT"
+    assert "request_id must not be empty" in replies[0].error.message
+    # The same step as Step answers: the greedy continuation, the prompt held.
+    assert list(replies[1].response.proposals[0].token_ids) == greedy_decode(
+        server.runner, PROMPT, 3
+    )
+    assert cached(replies[1].response) == {"s": len(PROMPT)}
+    # Ingesting from 0 again is out of sync for that request alone, as in Step.
+    assert refused(replies[2].response)["s"][0] == "FAILED_PRECONDITION"
+
+
 def test_partly_accepted_proposals_keep_matching_prefix_and_equal_a_rebuilt_draft(
     draft, start_server
 ):

@@ -299,3 +299,24 @@ def test_release_all_of_caller_frees_only_that_coordinators_sequences(target):
     assert not server.runner.has("a1") and not server.runner.has("a2")
     assert server.runner.has("b1")
     stub.Release(common_pb2.ReleaseRequest(request_ids=["b1"]), metadata=b)
+
+
+def test_verify_stream_answers_as_verify_and_keeps_the_callers_identity(target, make_runner):
+    server, stub = target
+    a, b = (("x-specdec-coordinator", "a"),), (("x-specdec-coordinator", "b"),)
+    expected = greedy_decode(make_runner(), PROMPT, 3)
+    opening = target_pb2.VerifyRequest(prefill=[chunk("r1", 0, PROMPT, True)])
+    twice = target_pb2.VerifyRequest(decode=[entry("r1", 0, 1, []), entry("r1", 0, 1, [])])
+    step = target_pb2.VerifyRequest(decode=[entry("r1", len(PROMPT), expected[0], expected[1:3])])
+    replies = list(stub.VerifyStream(iter([opening, twice, step]), metadata=a, timeout=30))
+    assert [r.WhichOneof("result") for r in replies] == ["response", "error", "response"]
+    assert list(replies[0].response.results[0].token_ids) == expected[:1]
+    # A malformed step is refused in its reply, with Verify's status; the stream goes on.
+    assert replies[1].error.code == "INVALID_ARGUMENT"
+    assert "appears twice" in replies[1].error.message
+    (result,) = replies[2].response.results
+    assert result.num_accepted == 2 and result.num_cached_tokens == len(PROMPT) + 3
+    # The stream's metadata names its coordinator: another one cannot touch r1.
+    (foreign,) = [r.response for r in stub.VerifyStream(iter([step]), metadata=b, timeout=30)]
+    assert foreign.results[0].error_code == "NOT_FOUND"
+    assert server.runner.seq_len("r1") == len(PROMPT) + 3

@@ -99,3 +99,11 @@ class CachedLength(_message.Message):
     request_id: str
     num_cached_tokens: int
     def __init__(self, request_id: _Optional[str] = ..., num_cached_tokens: _Optional[int] = ...) -> None: ...
+
+class StepError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...

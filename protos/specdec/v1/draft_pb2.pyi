@@ -32,18 +32,27 @@ class ProposeEntry(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., ahead_of: _Optional[_Iterable[int]] = ..., min_prob: _Optional[float] = ...) -> None: ...
 
 class DraftStepRequest(_message.Message):
-    __slots__ = ("step_id", "kv_scales_version", "kv_scales", "ingest", "propose")
+    __slots__ = ("step_id", "kv_scales_version", "kv_scales", "ingest", "propose", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     KV_SCALES_VERSION_FIELD_NUMBER: _ClassVar[int]
     KV_SCALES_FIELD_NUMBER: _ClassVar[int]
     INGEST_FIELD_NUMBER: _ClassVar[int]
     PROPOSE_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     kv_scales_version: int
     kv_scales: _common_pb2.KVScaleTable
     ingest: _containers.RepeatedCompositeFieldContainer[IngestPlan]
     propose: _containers.RepeatedCompositeFieldContainer[ProposeEntry]
-    def __init__(self, step_id: _Optional[int] = ..., kv_scales_version: _Optional[int] = ..., kv_scales: _Optional[_Union[_common_pb2.KVScaleTable, _Mapping]] = ..., ingest: _Optional[_Iterable[_Union[IngestPlan, _Mapping]]] = ..., propose: _Optional[_Iterable[_Union[ProposeEntry, _Mapping]]] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, step_id: _Optional[int] = ..., kv_scales_version: _Optional[int] = ..., kv_scales: _Optional[_Union[_common_pb2.KVScaleTable, _Mapping]] = ..., ingest: _Optional[_Iterable[_Union[IngestPlan, _Mapping]]] = ..., propose: _Optional[_Iterable[_Union[ProposeEntry, _Mapping]]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Proposal(_message.Message):
     __slots__ = ("request_id", "token_ids", "draft_probs", "guessed_token_id")
@@ -76,3 +85,11 @@ class DraftStepResponse(_message.Message):
     cached: _containers.RepeatedCompositeFieldContainer[_common_pb2.CachedLength]
     failed: _containers.RepeatedCompositeFieldContainer[RequestError]
     def __init__(self, proposals: _Optional[_Iterable[_Union[Proposal, _Mapping]]] = ..., cached: _Optional[_Iterable[_Union[_common_pb2.CachedLength, _Mapping]]] = ..., failed: _Optional[_Iterable[_Union[RequestError, _Mapping]]] = ...) -> None: ...
+
+class DraftStepReply(_message.Message):
+    __slots__ = ("response", "error")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    response: DraftStepResponse
+    error: _common_pb2.StepError
+    def __init__(self, response: _Optional[_Union[DraftStepResponse, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.StepError, _Mapping]] = ...) -> None: ...

@@ -28,7 +28,7 @@ if _version_not_supported:
 
 class DraftServiceStub(object):
     """The draft service keeps its own KV cache in sync with the coordinator's committed log
-    and proposes tokens. One Step RPC per scheduler step: ingest first, then propose.
+    and proposes tokens. One Step per scheduler step: ingest first, then propose.
     """
 
     def __init__(self, channel):
@@ -41,6 +41,11 @@ class DraftServiceStub(object):
                 '/specdec.v1.DraftService/Step',
                 request_serializer=protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepRequest.SerializeToString,
                 response_deserializer=protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepResponse.FromString,
+                _registered_method=True)
+        self.StepStream = channel.stream_stream(
+                '/specdec.v1.DraftService/StepStream',
+                request_serializer=protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepRequest.SerializeToString,
+                response_deserializer=protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepReply.FromString,
                 _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specdec.v1.DraftService/Release',
@@ -56,11 +61,20 @@ class DraftServiceStub(object):
 
 class DraftServiceServicer(object):
     """The draft service keeps its own KV cache in sync with the coordinator's committed log
-    and proposes tokens. One Step RPC per scheduler step: ingest first, then propose.
+    and proposes tokens. One Step per scheduler step: ingest first, then propose.
     """
 
     def Step(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StepStream(self, request_iterator, context):
+        """The same steps over one long-lived stream, one reply per request in order (what the
+        coordinator uses: a message on an open stream costs about half a unary call). A step
+        Step would refuse with a status code is refused in its reply; the stream goes on.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -85,6 +99,11 @@ def add_DraftServiceServicer_to_server(servicer, server):
                     request_deserializer=protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepRequest.FromString,
                     response_serializer=protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepResponse.SerializeToString,
             ),
+            'StepStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.StepStream,
+                    request_deserializer=protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepRequest.FromString,
+                    response_serializer=protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepReply.SerializeToString,
+            ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
                     request_deserializer=protos_dot_specdec_dot_v1_dot_common__pb2.ReleaseRequest.FromString,
@@ -105,7 +124,7 @@ def add_DraftServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class DraftService(object):
     """The draft service keeps its own KV cache in sync with the coordinator's committed log
-    and proposes tokens. One Step RPC per scheduler step: ingest first, then propose.
+    and proposes tokens. One Step per scheduler step: ingest first, then propose.
     """
 
     @staticmethod
@@ -125,6 +144,33 @@ class DraftService(object):
             '/specdec.v1.DraftService/Step',
             protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepRequest.SerializeToString,
             protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StepStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/specdec.v1.DraftService/StepStream',
+            protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepRequest.SerializeToString,
+            protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,16 +42,25 @@ class VerifyEntry(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., start_position: _Optional[int] = ..., last_token_id: _Optional[int] = ..., proposal_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseProbs, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("step_id", "prefill", "decode", "num_steps")
+    __slots__ = ("step_id", "prefill", "decode", "num_steps", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     PREFILL_FIELD_NUMBER: _ClassVar[int]
     DECODE_FIELD_NUMBER: _ClassVar[int]
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     prefill: _containers.RepeatedCompositeFieldContainer[PrefillChunk]
     decode: _containers.RepeatedCompositeFieldContainer[VerifyEntry]
     num_steps: int
-    def __init__(self, step_id: _Optional[int] = ..., prefill: _Optional[_Iterable[_Union[PrefillChunk, _Mapping]]] = ..., decode: _Optional[_Iterable[_Union[VerifyEntry, _Mapping]]] = ..., num_steps: _Optional[int] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, step_id: _Optional[int] = ..., prefill: _Optional[_Iterable[_Union[PrefillChunk, _Mapping]]] = ..., decode: _Optional[_Iterable[_Union[VerifyEntry, _Mapping]]] = ..., num_steps: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
     __slots__ = ("request_id", "token_ids", "num_accepted", "num_cached_tokens", "error_code", "error_message")
@@ -74,3 +83,11 @@ class VerifyResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[VerifyResult]
     def __init__(self, results: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ...) -> None: ...
+
+class VerifyReply(_message.Message):
+    __slots__ = ("response", "error")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    response: VerifyResponse
+    error: _common_pb2.StepError
+    def __init__(self, response: _Optional[_Union[VerifyResponse, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.StepError, _Mapping]] = ...) -> None: ...

@@ -43,6 +43,11 @@ class TargetServiceStub(object):
                 request_serializer=protos_dot_specdec_dot_v1_dot_target__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=protos_dot_specdec_dot_v1_dot_target__pb2.VerifyResponse.FromString,
                 _registered_method=True)
+        self.VerifyStream = channel.stream_stream(
+                '/specdec.v1.TargetService/VerifyStream',
+                request_serializer=protos_dot_specdec_dot_v1_dot_target__pb2.VerifyRequest.SerializeToString,
+                response_deserializer=protos_dot_specdec_dot_v1_dot_target__pb2.VerifyReply.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specdec.v1.TargetService/Release',
                 request_serializer=protos_dot_specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
@@ -67,6 +72,13 @@ class TargetServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def VerifyStream(self, request_iterator, context):
+        """The same steps over one long-lived stream, as DraftService.StepStream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -86,6 +98,11 @@ def add_TargetServiceServicer_to_server(servicer, server):
                     servicer.Verify,
                     request_deserializer=protos_dot_specdec_dot_v1_dot_target__pb2.VerifyRequest.FromString,
                     response_serializer=protos_dot_specdec_dot_v1_dot_target__pb2.VerifyResponse.SerializeToString,
+            ),
+            'VerifyStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.VerifyStream,
+                    request_deserializer=protos_dot_specdec_dot_v1_dot_target__pb2.VerifyRequest.FromString,
+                    response_serializer=protos_dot_specdec_dot_v1_dot_target__pb2.VerifyReply.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -128,6 +145,33 @@ class TargetService(object):
             '/specdec.v1.TargetService/Verify',
             protos_dot_specdec_dot_v1_dot_target__pb2.VerifyRequest.SerializeToString,
             protos_dot_specdec_dot_v1_dot_target__pb2.VerifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/specdec.v1.TargetService/VerifyStream',
+            protos_dot_specdec_dot_v1_dot_target__pb2.VerifyRequest.SerializeToString,
+            protos_dot_specdec_dot_v1_dot_target__pb2.VerifyReply.FromString,
             options,
             channel_credentials,
             insecure,
