@@ -246,18 +246,18 @@ static float *widen_buffer(size_t floats) {
     return buffer;
 }
 
-#define LINEAR_16(SUFFIX, ATTRIBUTES, TARGET, WTYPE, WIDEN)                                      \
+#define LINEAR_16(SUFFIX, ATTRIBUTES, TARGET, WTYPE, WIDEN, TILE)                                \
     static inline __attribute__((always_inline)) TARGET void linear_tile_##SUFFIX(              \
         const int rows, const float *restrict x, int64_t ldx, const WTYPE *restrict block,     \
         const float *bias, const float *residual, int64_t ldr, float *restrict y, int64_t ldy, \
         int K) {                                                                                \
-        float acc[LINEAR_ROWS][LINEAR_COLS];                                                    \
+        float acc[LINEAR_ROWS_WIDE][LINEAR_COLS];                                               \
         for (int m = 0; m < rows; ++m)                                                          \
             for (int n = 0; n < LINEAR_COLS; ++n)                                               \
                 acc[m][n] = (residual ? residual[m * ldr + n] : 0.0f) + (bias ? bias[n] : 0.0f); \
         for (int k0 = 0; k0 < K; k0 += LINEAR_DEPTH) {                                         \
             const int k1 = K - k0 < LINEAR_DEPTH ? K : k0 + LINEAR_DEPTH;                       \
-            float part[LINEAR_ROWS][LINEAR_COLS] = {{0.0f}};                                    \
+            float part[LINEAR_ROWS_WIDE][LINEAR_COLS] = {{0.0f}};                               \
             for (int k = k0; k < k1; ++k) {                                                     \
                 const WTYPE *restrict w16 = block + (int64_t)k * LINEAR_COLS;                   \
                 __builtin_prefetch(w16 + 2 * LINEAR_PREFETCH * LINEAR_COLS);                    \
@@ -278,7 +278,7 @@ static float *widen_buffer(size_t floats) {
     ATTRIBUTES TARGET                                                                           \
     void linear_blocks_##SUFFIX(void *ctx, int64_t first, int64_t end) {                        \
         const struct linear_args *a = ctx;                                                      \
-        const int K = a->K, N = a->N;                                                           \
+        const int K = a->K, N = a->N, tile = (TILE);                                            \
         float *wide = a->M >= WIDEN_ONCE_ROWS ? widen_buffer((size_t)K * LINEAR_COLS) : NULL;        \
         for (int64_t n0 = first * LINEAR_COLS; n0 < end * LINEAR_COLS; n0 += LINEAR_COLS) {    \
             const WTYPE *block = (const WTYPE *)a->packed + n0 * K;                             \
@@ -288,14 +288,18 @@ static float *widen_buffer(size_t floats) {
                 linear_rows(a, wide, n0);                                                       \
                 continue;                                                                       \
             }                                                                                   \
-            for (int64_t m0 = 0; m0 < a->M; m0 += LINEAR_ROWS) {                                \
-                const int64_t rows = a->M - m0 < LINEAR_ROWS ? a->M - m0 : LINEAR_ROWS;         \
+            for (int64_t m0 = 0; m0 < a->M; m0 += tile) {                                       \
+                const int64_t rows = a->M - m0 < tile ? a->M - m0 : tile;                       \
                 const float *xr = a->x + m0 * a->ldx;                                           \
                 const float *b = a->bias ? a->bias + n0 : NULL;                                 \
                 const float *res = a->residual ? a->residual + m0 * a->ldr + n0 : NULL;         \
                 float *yr = a->y + m0 * N + n0;                                                 \
                 const int64_t ldx = a->ldx, ldr = a->ldr;                                       \
                 switch (rows) {                                                                 \
+                case 8: linear_tile_##SUFFIX(8, xr, ldx, block, b, res, ldr, yr, N, K); break;  \
+                case 7: linear_tile_##SUFFIX(7, xr, ldx, block, b, res, ldr, yr, N, K); break;  \
+                case 6: linear_tile_##SUFFIX(6, xr, ldx, block, b, res, ldr, yr, N, K); break;  \
+                case 5: linear_tile_##SUFFIX(5, xr, ldx, block, b, res, ldr, yr, N, K); break;  \
                 case 4: linear_tile_##SUFFIX(4, xr, ldx, block, b, res, ldr, yr, N, K); break;  \
                 case 3: linear_tile_##SUFFIX(3, xr, ldx, block, b, res, ldr, yr, N, K); break;  \
                 case 2: linear_tile_##SUFFIX(2, xr, ldx, block, b, res, ldr, yr, N, K); break;  \
@@ -312,8 +316,8 @@ static float *widen_buffer(size_t floats) {
 static inline __attribute__((always_inline)) void widen_row_bf16 WIDEN_ROW(widen_bf16)
 static inline __attribute__((always_inline)) void widen_row_f16 WIDEN_ROW(widen_f16)
 
-LINEAR_16(bf16, static SPECDEC_CLONES, , uint16_t, widen_row_bf16)
-LINEAR_16(f16_generic, static, , uint16_t, widen_row_f16)
+LINEAR_16(bf16, static SPECDEC_CLONES, , uint16_t, widen_row_bf16, tile_rows())
+LINEAR_16(f16_generic, static, , uint16_t, widen_row_f16, LINEAR_ROWS)
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
@@ -324,15 +328,29 @@ static inline __attribute__((always_inline)) F16C void widen_row_f16c(
     for (int n = 0; n < LINEAR_COLS; n += 8)
         _mm256_storeu_ps(out + n, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(in + n))));
 }
-LINEAR_16(f16c, static, F16C, uint16_t, widen_row_f16c)
+LINEAR_16(f16c, static, F16C, uint16_t, widen_row_f16c, LINEAR_ROWS)
+
+/* The same with AVX-512's 32 registers: 16 floats a widening and LINEAR_ROWS_WIDE rows a
+ * tile, so a verify step's rows share one pass over (and one widening of) the weights. */
+#define F16C_512 __attribute__((target("avx512f,avx512vl,fma,f16c")))
+static inline __attribute__((always_inline)) F16C_512 void widen_row_f16c_512(
+    const uint16_t *restrict in, float *restrict out) {
+    for (int n = 0; n < LINEAR_COLS; n += 16)
+        _mm512_storeu_ps(out + n, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(in + n))));
+}
+LINEAR_16(f16c_512, static, F16C_512, uint16_t, widen_row_f16c_512, LINEAR_ROWS_WIDE)
 
 static int has_f16c(void) {
     return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2") &&
            __builtin_cpu_supports("fma");
 }
+
+static specdec_task linear_blocks_f16(void) {
+    if (tile_rows() == LINEAR_ROWS_WIDE && has_f16c()) return linear_blocks_f16c_512;
+    return has_f16c() ? linear_blocks_f16c : linear_blocks_f16_generic;
+}
 #else
-#define linear_blocks_f16c linear_blocks_f16_generic
-static int has_f16c(void) { return 0; }
+static specdec_task linear_blocks_f16(void) { return linear_blocks_f16_generic; }
 #endif
 
 void specdec_linear_bf16(const float *x, int64_t ldx, const void *packed, const float *bias,
@@ -344,6 +362,5 @@ void specdec_linear_bf16(const float *x, int64_t ldx, const void *packed, const 
 void specdec_linear_f16(const float *x, int64_t ldx, const void *packed, const float *bias,
                         const float *residual, int64_t ldr, float *y, int64_t M, int K, int N) {
     struct linear_args a = {x, bias, residual, packed, y, ldx, ldr, M, K, N};
-    specdec_parallel_for(N / LINEAR_COLS, has_f16c() ? linear_blocks_f16c : linear_blocks_f16_generic,
-                         &a);
+    specdec_parallel_for(N / LINEAR_COLS, linear_blocks_f16(), &a);
 }
