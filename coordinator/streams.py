@@ -36,9 +36,10 @@ class StreamedCall:
     """``await call(message, timeout=, metadata=)`` -> the reply's response, over one stream
     opened by ``open_stream`` (a stub's stream-stream method) on first use, with the
     caller's fixed ``metadata`` (its identity and token). The per-call ``metadata`` (the
-    step's trace context) travels in the message's ``trace_context``. Calls take turns;
-    one that fails, times out or is cancelled closes the stream and the next opens a new
-    one, so a late reply is never read as another step's."""
+    step's trace context) travels in the message's ``trace_context``. ``timeout`` is the
+    caller's to enforce, as for any stub (``Engine._call`` bounds every call); a call that
+    fails or is cancelled by it closes the stream and the next opens a new one, so a late
+    reply is never read as another step's. Calls take turns."""
 
     def __init__(
         self,
@@ -56,11 +57,10 @@ class StreamedCall:
         message.trace_context.update(dict(metadata))
         async with self._turn:
             try:
-                async with asyncio.timeout(timeout):
-                    if self._stream is None:
-                        self._stream = self._open(metadata=self._metadata)
-                    await self._stream.write(message)
-                    reply = await self._stream.read()
+                if self._stream is None:
+                    self._stream = self._open(metadata=self._metadata)
+                await self._stream.write(message)
+                reply = await self._stream.read()
             except BaseException:
                 self.close()
                 raise

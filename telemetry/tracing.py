@@ -54,10 +54,8 @@ def rpc_span(
     """A server span for one RPC, or one step of a stream, child of the caller's trace
     context: from ``carrier`` (a stream message's ``trace_context``) when given, else from
     the call's metadata."""
-    if carrier is not None:
-        parent = propagate.extract(dict(carrier)) if carrier else None
-    else:
-        parent = context_from_metadata(context.invocation_metadata())  # type: ignore[attr-defined]
+    pairs = context.invocation_metadata() if carrier is None else carrier.items()  # type: ignore[attr-defined]
+    parent = context_from_metadata(pairs)
     with _tracer.start_as_current_span(name, context=parent, attributes=attributes) as span:
         yield span
 
