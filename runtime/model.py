@@ -18,6 +18,7 @@ from torch import nn
 
 from kernels import dense_ops
 from kernels.decoder_layers import DecoderLayers, GreedyHead, Shape
+from kernels.huge_pages import into_huge_pages
 from runtime.context import ForwardContext
 from runtime.model_config import ModelConfig
 from runtime.rotary import RotaryEmbedding, RotaryStep, apply_rotary
@@ -309,6 +310,12 @@ class CausalLM(nn.Module):
                 module.use_cpu_kernels(on, weight_dtype)
             elif hasattr(module, "cpu_kernels"):
                 module.cpu_kernels = on
+        # Every step streams the packed weights: on huge pages (see kernels.huge_pages).
+        packed = [m for m in self.modules() if isinstance(m, Linear)]
+        packed = [m for m in packed if m.packed_weight is not None]
+        copies = into_huge_pages([m.packed_weight for m in packed])
+        for module, weight in zip(packed, copies, strict=True):
+            module.packed_weight = weight
         self.model.native_layers = self.model.build_native_layers(self.config)
         return on
 
