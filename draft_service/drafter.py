@@ -155,8 +155,10 @@ class Drafter:
             except ValueError as e:
                 raise InvalidRequestError(f"kv_scales: {e}") from None
         self._tables[table.version] = table
-        first_logits = self._ingest(work, table.version)
-        proposals = self._propose([w for w in work.values() if w.num_tokens], first_logits)
+        proposals = self._feed_and_pick_in_c(work, table.version)
+        if proposals is None:
+            first_logits = self._ingest(work, table.version)
+            proposals = self._propose([w for w in work.values() if w.num_tokens], first_logits)
         self.num_steps += 1
         self.num_ingest_plans += len(step.ingest)
         self.num_ingested_tokens += sum(len(p.token_ids) for p in step.ingest)
@@ -321,15 +323,70 @@ class Drafter:
 
     # ---- state changes ---------------------------------------------------------------------
 
-    def _ingest(self, work: dict[str, _Work], version: int) -> dict[str, torch.Tensor]:
-        """Truncate, then one ``extend`` for every ingest; logits at each proposer's last
-        committed token."""
+    def _feed_and_pick_in_c(self, work: dict[str, _Work], version: int) -> list[Proposal] | None:
+        """The usual greedy step, a token to feed and then the picks, as ONE C call
+        (``ModelRunner.decode_greedy`` from the fed token: the tokens and KV that ``_ingest``
+        and ``_propose`` give) where every request fed this step is a greedy proposer with
+        one token to feed, all making as many picks under one ``min_prob`` (none with an
+        ahead guess, which ``min_prob`` never cuts). None, with nothing changed, where not."""
+        fed = [w for w in work.values() if w.feed]
+        if not fed or not self.runner.decodes_greedy_in_c:
+            return None
+        picks, min_prob = fed[0].num_picks, fed[0].min_prob
+        if not all(
+            w.num_tokens and len(w.feed) == 1 and w.sampling.greedy and w.num_picks == picks
+            for w in fed
+        ) or any(w.min_prob != min_prob or (w.ahead_of and min_prob) for w in fed):
+            return None
+        self._open_and_truncate(work, version)
+        ids = [w.request_id for w in fed]
+        try:
+            picked = self.runner.decode_greedy(ids, [w.feed[0] for w in fed], picks, min_prob)
+            if picked is None:
+                raise RuntimeError("decode_greedy declined a step decodes_greedy_in_c allowed")
+            # A first pick cut by min_prob leaves its fed token without KV: feed it alone.
+            uncut = [
+                SequenceChunk(w.request_id, w.feed, 0)
+                for w, p in zip(fed, picked, strict=True)
+                if not p
+            ]
+            if uncut:
+                self.runner.extend(uncut)
+        except BaseException:
+            self.release(list(work))  # truncated sequences cannot be restored: re-sync them
+            raise
+        self._record_ingest(work, version)
+        proposals = []
+        for w, tokens in zip(fed, picked, strict=True):
+            self._seqs[w.request_id].tail += tokens[:-1]  # fed: the token, every pick but the last
+            guess = tokens.pop(0) if w.ahead_of else None
+            proposals.append(Proposal(w.request_id, tokens, None, guess))
+        return proposals
+
+    def _open_and_truncate(self, work: dict[str, _Work], version: int) -> None:
+        """Opens the new requests' sequences; cuts the others to the KV they keep."""
         for w in work.values():
             if w.opens:
                 self.runner.open(w.request_id)
                 self._seqs[w.request_id] = _Sequence(kv_version=version)
             else:
                 self.runner.truncate(w.request_id, w.keep)
+
+    def _record_ingest(self, work: dict[str, _Work], version: int) -> None:
+        """The sequences' bookkeeping once the step's tokens are fed (or left pending)."""
+        for w in work.values():
+            seq = self._seqs[w.request_id]
+            seq.num_committed += len(w.committed)
+            if w.committed:
+                seq.last_token = w.committed[-1]
+            seq.tail = list(w.ahead_of)
+            seq.pending = w.pending
+            seq.kv_version = version
+
+    def _ingest(self, work: dict[str, _Work], version: int) -> dict[str, torch.Tensor]:
+        """Truncate, then one ``extend`` for every ingest; logits at each proposer's last
+        committed token."""
+        self._open_and_truncate(work, version)
         chunks = [SequenceChunk(w.request_id, w.feed, int(w.num_tokens > 0)) for w in work.values()]
         chunks = [c for c in chunks if c.token_ids]
         try:
@@ -339,14 +396,7 @@ class Drafter:
             # not be restored, so drop them all and let the coordinator re-sync them.
             self.release(list(work))
             raise
-        for w in work.values():
-            seq = self._seqs[w.request_id]
-            seq.num_committed += len(w.committed)
-            if w.committed:
-                seq.last_token = w.committed[-1]
-            seq.tail = list(w.ahead_of)
-            seq.pending = w.pending
-            seq.kv_version = version
+        self._record_ingest(work, version)
         return {c.seq_id: out for c, out in zip(chunks, logits, strict=True) if c.num_logits}
 
     def _propose(self, work: list[_Work], first: dict[str, torch.Tensor]) -> list[Proposal]:

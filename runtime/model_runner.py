@@ -104,6 +104,20 @@ class ModelRunner:
     def num_free_pages(self) -> int:
         return self.cache.num_free_pages
 
+    @property
+    def decodes_greedy_in_c(self) -> bool:
+        """Whether ``decode_greedy`` runs here (else it answers None): the layers run in C
+        with a packed head, the cache is written in C, and the C attention kernel takes a
+        token's GQA group of query rows."""
+        group = self.model_config.num_heads // self.model_config.num_kv_heads
+        return (
+            self.model.model.native_layers is not None
+            and self.model.greedy_head() is not None
+            and self.cache.writes_in_c
+            and isinstance(self.backend, CpuAttentionBackend)
+            and group <= self.backend.native_max_rows
+        )
+
     # ---- KV scales -------------------------------------------------------------------------
 
     @property
@@ -208,9 +222,9 @@ class ModelRunner:
         then holds as many more tokens as it has picks (its token, then every pick but the
         last). None, with nothing changed, where the C loop does not apply (PyTorch path,
         FP8 KV cache, reference attention). Errors as ``extend``'s, all-or-nothing."""
-        layers, head = self.model.model.native_layers, self.model.greedy_head()
-        if layers is None or head is None or not self.cache.writes_in_c or steps < 1:
+        if not self.decodes_greedy_in_c or steps < 1:
             return None
+        layers, head = self.model.model.native_layers, self.model.greedy_head()
         self._validate(
             [SequenceChunk(s, [t] * steps, 0) for s, t in zip(seq_ids, tokens, strict=True)]
         )
@@ -222,9 +236,6 @@ class ModelRunner:
         except BaseException:
             self._truncate_to(seq_ids, old_lens)
             raise
-        if picked is None:
-            self._truncate_to(seq_ids, old_lens)
-            return None
         self.forward_seconds += time.perf_counter() - start
         picks, counts = picked[0].t().tolist(), picked[1].tolist()
         self._truncate_to(seq_ids, [n + c for n, c in zip(old_lens, counts, strict=True)])
@@ -238,12 +249,8 @@ class ModelRunner:
 
     def _greedy_forward(
         self, layers, head, seq_ids, tokens, steps, old_lens, min_prob
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        mc, batch = self.model_config, len(seq_ids)
-        backend = self.backend
-        group = mc.num_heads // mc.num_kv_heads  # query rows per KV head at one token each
-        if not isinstance(backend, CpuAttentionBackend) or group > backend.native_max_rows:
-            return None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = len(seq_ids)
         meta = build_attention_metadata(self.cache, seq_ids, [steps] * batch)
 
         def by_forward(t: torch.Tensor) -> torch.Tensor:  # per sequence -> per forward

@@ -97,10 +97,11 @@ def test_ahead_of_past_max_model_len_is_refused_alone(make_runner):
 
 def test_greedy_proposals_from_one_c_call_equal_those_made_forward_by_forward(make_runner):
     def drafter(c_loop: bool) -> Drafter:
-        runner = make_runner(kv_cache_dtype="auto")  # the C loop needs a float32 cache
+        runner = CountingRunner(make_runner(kv_cache_dtype="auto"))  # C loop: float32 cache
         if not c_loop:
+            runner.decodes_greedy_in_c = False
             runner.decode_greedy = lambda *args: None
-        return Drafter(CountingRunner(runner))
+        return Drafter(runner)
 
     def proposals(d: Drafter) -> list[list[int]]:
         other = PROMPT[3:]

@@ -1,0 +1,83 @@
+"""The usual greedy draft step of a decoding request feeds one token (the target's own
+after a rejection, or the last proposal under verification when drafting ahead) and picks
+K: it runs as ONE C call (``decode_greedy`` from the fed token) instead of an ``extend``
+and then the C loop, with the same proposals, guesses and KV, and no ``extend``."""
+
+from __future__ import annotations
+
+from test_drafter_lazy_ingest import PROMPT, CountingRunner
+
+from draft_service.drafter import Drafter, DraftStep, IngestPlan, ProposeEntry
+
+K = 4
+OTHER = PROMPT[3:]
+
+
+def make_drafter(make_runner, one_call: bool) -> Drafter:
+    runner = CountingRunner(make_runner(kv_cache_dtype="auto"))  # the C loop's float32 cache
+    if not one_call:
+        runner.decodes_greedy_in_c = False  # the drafter's check only: picks stay in C
+    return Drafter(runner)
+
+
+def run(drafter: Drafter, make_runner) -> list[tuple]:
+    """A decoding life of two requests; per step the proposals, guesses, cached lengths
+    and the tokens ``extend`` fed."""
+    held = {"r": 0, "s": 0}
+    seen = []
+
+    def step(ingest=(), propose=()):
+        before = drafter.runner.forward_tokens
+        result = drafter.step(DraftStep(ingest=tuple(ingest), propose=tuple(propose)))
+        assert not result.failed
+        for plan in ingest:
+            held[plan.request_id] += len(plan.token_ids)
+        lengths = [drafter.runner.seq_len(rid) for rid in "rs"]
+        proposals = [(p.token_ids, p.guessed_token_id) for p in result.proposals]
+        seen.append((proposals, lengths, drafter.runner.forward_tokens - before))
+        return result.proposals
+
+    def ingest(rid, tokens):
+        return IngestPlan(rid, held[rid], tuple(tokens))
+
+    prompts = [IngestPlan("r", 0, tuple(PROMPT)), IngestPlan("s", 0, tuple(OTHER))]
+    first = step(prompts, [ProposeEntry("r", K), ProposeEntry("s", K)])
+    # The target took two proposals of each, then a token of its own.
+    fixes = {p.request_id: (*p.token_ids[:2], (p.token_ids[2] + 1) % 256) for p in first}
+    second = step(
+        [ingest(rid, tokens) for rid, tokens in fixes.items()],
+        [ProposeEntry(rid, K) for rid in fixes],
+    )
+    # Drafting ahead of `second` while the target verifies it, then the guess holds.
+    ahead = step(
+        propose=[ProposeEntry(p.request_id, K, ahead_of=tuple(p.token_ids)) for p in second]
+    )
+    commits = {
+        a.request_id: (*p.token_ids, a.guessed_token_id) for p, a in zip(second, ahead, strict=True)
+    }
+    step(
+        [ingest(rid, tokens) for rid, tokens in commits.items()],
+        [ProposeEntry(a.request_id, K, ahead_of=tuple(a.token_ids)) for a in ahead],
+    )
+    # A first pick below min_prob: no proposals, and the fed token's KV is kept.
+    step([ingest("r", (5,))], [ProposeEntry("r", K, min_prob=0.999)])
+    (before_last,) = step([ingest("r", (6,))], [ProposeEntry("r", K)])
+    # Every proposal taken, and a token of the target's: the last proposal is fed now.
+    accepted = (*before_last.token_ids, 7)
+    (last,) = step([ingest("r", accepted)], [ProposeEntry("r", K)])
+    log = (*PROMPT, *fixes["r"], *commits["r"], 5, 6, *accepted)
+    rebuilt = DraftStep(ingest=(IngestPlan("r", 0, log),), propose=(ProposeEntry("r", K),))
+    (fresh,) = Drafter(make_runner(kv_cache_dtype="auto")).step(rebuilt).proposals
+    assert last.token_ids == fresh.token_ids
+    return seen
+
+
+def test_one_token_steps_feed_and_pick_in_one_call_as_extend_and_the_c_loop_do(make_runner):
+    one_call = run(make_drafter(make_runner, one_call=True), make_runner)
+    stepwise = run(make_drafter(make_runner, one_call=False), make_runner)
+    assert [s[:2] for s in one_call] == [s[:2] for s in stepwise]
+    fed = [s[2] for s in one_call]
+    # Only the prompts, the token a cut first pick left without KV and a step feeding two
+    # tokens go through extend.
+    assert fed == [len(PROMPT) + len(OTHER), 0, 0, 0, 1, 0, 2]
+    assert all(s[2] > 0 for s in stepwise)
