@@ -115,7 +115,8 @@ class Drafter:
     Invariants: for every held request, the runner holds ``num_committed - len(pending) +
     len(tail)`` tokens; a refused step changes nothing; all ingests of a step are one
     ``extend``, and each further proposal position is one ``extend`` over every request
-    still proposing.
+    still proposing, or greedy, the picks after the first one C loop; a greedy step that
+    feeds one token per request runs feed and picks as one C loop.
 
     ``lazy_ingest``: a request that only ingests this step (K = 0) runs no forward; its
     tokens wait in ``pending`` and go into the ingest forward of its next proposal step (a
