@@ -335,16 +335,18 @@ class Drafter:
             return None
         picks, min_prob = fed[0].num_picks, fed[0].min_prob
         if not all(
-            w.num_tokens and len(w.feed) == 1 and w.sampling.greedy and w.num_picks == picks
+            w.num_tokens
+            and len(w.feed) == 1
+            and w.sampling.greedy
+            and (w.num_picks, w.min_prob) == (picks, min_prob)
+            and not (w.ahead_of and min_prob)
             for w in fed
-        ) or any(w.min_prob != min_prob or (w.ahead_of and min_prob) for w in fed):
+        ):
             return None
         self._open_and_truncate(work, version)
         ids = [w.request_id for w in fed]
         try:
             picked = self.runner.decode_greedy(ids, [w.feed[0] for w in fed], picks, min_prob)
-            if picked is None:
-                raise RuntimeError("decode_greedy declined a step decodes_greedy_in_c allowed")
             # A first pick cut by min_prob leaves its fed token without KV: feed it alone.
             uncut = [
                 SequenceChunk(w.request_id, w.feed, 0)

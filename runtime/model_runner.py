@@ -111,8 +111,7 @@ class ModelRunner:
         token's GQA group of query rows."""
         group = self.model_config.num_heads // self.model_config.num_kv_heads
         return (
-            self.model.model.native_layers is not None
-            and self.model.greedy_head() is not None
+            self.model.greedy_head() is not None
             and self.cache.writes_in_c
             and isinstance(self.backend, CpuAttentionBackend)
             and group <= self.backend.native_max_rows
