@@ -117,6 +117,10 @@ void specdec_write_kv(float *layer, const int64_t *rows, const float *k, int64_t
  * below gained nothing from it (they widen every row, so stall less) and keep L1. */
 #define LINEAR_PREFETCH 64
 #define LINEAR_PREFETCH_L2 2 /* __builtin_prefetch's locality for prefetcht1 */
+/* Rows ahead (1 KB) that the block is also prefetched into L1 from L2, so the tile's loads
+ * find it there: a 7-token verify of SmolLM2-135M (weights from DRAM) 46.5-47.0 -> 43.8-45.4
+ * ms; the bundled target (weights mostly in L3) unchanged. */
+#define LINEAR_PREFETCH_L1 8
 #define LINEAR_DEPTH 64     /* products per partial sum */
 
 static inline __attribute__((always_inline)) void linear_tile(
@@ -140,6 +144,8 @@ static inline __attribute__((always_inline)) void linear_tile(
             const float *restrict w = block + (int64_t)k * LINEAR_COLS;
             __builtin_prefetch(w + LINEAR_PREFETCH * LINEAR_COLS, 0, LINEAR_PREFETCH_L2);
             __builtin_prefetch(w + LINEAR_PREFETCH * LINEAR_COLS + 16, 0, LINEAR_PREFETCH_L2);
+            __builtin_prefetch(w + LINEAR_PREFETCH_L1 * LINEAR_COLS);
+            __builtin_prefetch(w + LINEAR_PREFETCH_L1 * LINEAR_COLS + 16);
             for (int m = 0; m < rows; ++m) {
                 const float xv = x[m * ldx + k];
 #pragma omp simd
