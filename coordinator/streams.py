@@ -56,6 +56,11 @@ class StreamedCall:
     ) -> Any:
         message.trace_context.update(dict(metadata))
         async with self._turn:
+            if self._stream is not None and self._stream.done():
+                # The service went away with no call in flight (a write would raise the
+                # stream's InvalidStateError): fail as a broken call would, and reopen next.
+                self.close()
+                raise StepRefused("UNAVAILABLE", "the stream to the service ended between steps")
             try:
                 if self._stream is None:
                     self._stream = self._open(metadata=self._metadata)

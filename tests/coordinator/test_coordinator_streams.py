@@ -153,3 +153,24 @@ def test_a_restarted_service_is_reached_on_a_new_stream():
     # treats the service as it would after a failed unary call.
     assert code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE)
     assert third == 3
+
+
+def test_a_stream_that_ended_between_steps_fails_the_next_step_as_unavailable():
+    """The service went away while no step was in flight: the next step finds its stream
+    already finished. It must fail as an RpcError the engine handles (UNAVAILABLE: draft
+    down, K = 0; target unavailable), not with the stream's InvalidStateError, which the
+    engine would take for a bug and fail every running request with."""
+
+    async def scenario(fake, stub, server, port):
+        assert answered(await stub.Step(step(1), timeout=5)) == 1
+        await server.stop(0)
+        for _ in range(100):  # until the client has seen its stream end
+            if stub.Step._stream.done():
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(grpc.RpcError) as down:
+            await stub.Step(step(2), timeout=5)
+        return down.value
+
+    error = run(scenario)
+    assert _status_of(error) == ("UNAVAILABLE", "the stream to the service ended between steps")
