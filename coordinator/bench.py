@@ -60,8 +60,10 @@ def decode_rate(runs: list[tuple[float, list[Completion]]]) -> float:
 
 
 def acceptance_summary(outs: list[Completion]) -> dict:
-    """Mean acceptance length and per-position acceptance over the completions' stats."""
+    """Mean acceptance length, per-position acceptance and the share of drafts prompt
+    lookup found, over the completions' stats."""
     drafts = sum(o.stats["num_drafts"] for o in outs)
+    looked_up = sum(o.stats["num_lookup_drafts"] for o in outs)
     accepted = sum(o.stats["num_accepted_tokens"] for o in outs)
     # K can rise as a batch's requests finish, so positions come from the stats.
     per_position = [0] * max((len(o.stats["accepted_per_position"]) for o in outs), default=0)
@@ -71,6 +73,7 @@ def acceptance_summary(outs: list[Completion]) -> dict:
     return {
         "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else 1.0,
         "acceptance_per_position": [round(n / drafts, 3) for n in per_position] if drafts else [],
+        "lookup_share": round(looked_up / drafts, 3) if drafts else 0.0,
     }
 
 

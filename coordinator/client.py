@@ -95,6 +95,7 @@ def stats_dict(stats: coordinator_pb2.SpecDecodeStats) -> dict:
         "num_steps": stats.num_steps,
         "num_ahead_proposals": stats.num_ahead_proposals,
         "num_ahead_used": stats.num_ahead_used,
+        "num_lookup_drafts": stats.num_lookup_drafts,
     }
 
 

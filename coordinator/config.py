@@ -17,10 +17,17 @@ class SpeculativeConfig:
     of inclusive `[min_bs, max_bs, K]` rows (K may be 0); when it is given it decides K, a
     batch size no row covers runs K = 0, and a fixed K given beside it caps every row.
     Neither given: no speculation (K = 0).
+
+    `prompt_lookup_min` / `prompt_lookup_max` (vLLM's ngram keys, both or neither): the
+    draft first proposes what followed the last earlier occurrence of the request's last n
+    tokens, n from max down to min, and runs its model only where none occurred (greedy
+    requests; sampled ones always use the model).
     """
 
     num_speculative_tokens: int | None = None
     num_speculative_tokens_per_batch_size: tuple[tuple[int, int, int], ...] = ()
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens
@@ -33,6 +40,14 @@ class SpeculativeConfig:
                     f"num_speculative_tokens_per_batch_size rows {list(prev)} and {list(row)} "
                     "overlap: batch-size ranges must be disjoint"
                 )
+        lookup = (self.prompt_lookup_min, self.prompt_lookup_max)
+        if lookup != (None, None) and not (
+            all(map(_is_int, lookup)) and 1 <= lookup[0] <= lookup[1]
+        ):
+            raise ValueError(
+                "prompt lookup needs integers 1 <= prompt_lookup_min <= prompt_lookup_max, "
+                f"got {lookup[0]!r} and {lookup[1]!r}"
+            )
         for row in rows:
             if k is not None and row[2] > k:
                 raise ValueError(
@@ -56,6 +71,8 @@ class SpeculativeConfig:
         unknown = set(obj) - {
             "num_speculative_tokens",
             "num_speculative_tokens_per_batch_size",
+            "prompt_lookup_min",
+            "prompt_lookup_max",
             "model",
             "method",
         }
@@ -65,7 +82,17 @@ class SpeculativeConfig:
         if not isinstance(table, list):
             raise ValueError("num_speculative_tokens_per_batch_size must be a list of rows")
         rows = tuple(_parse_row(row) for row in table)
-        return cls(obj.get("num_speculative_tokens"), rows)
+        return cls(
+            obj.get("num_speculative_tokens"),
+            rows,
+            obj.get("prompt_lookup_min"),
+            obj.get("prompt_lookup_max"),
+        )
+
+    @property
+    def prompt_lookup(self) -> tuple[int, int]:
+        """(n_min, n_max) for the draft; (0, 0) is off."""
+        return (self.prompt_lookup_min or 0, self.prompt_lookup_max or 0)
 
     @property
     def max_k(self) -> int:

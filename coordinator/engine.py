@@ -315,6 +315,7 @@ class Engine:
                 self.limits.draft_kv_scales,
                 ahead_of,
                 self.config.draft_p_min,
+                self.config.speculative.prompt_lookup,
             )
             response = await self._call(self.draft.Step, message, timeout, metadata)
         except (grpc.RpcError, asyncio.TimeoutError) as e:
@@ -366,7 +367,12 @@ class Engine:
         if ahead_of is not None:
             self._keep_ahead(propose, response, ahead_of)
             return {}
-        return valid_proposals(propose, response, self.limits.vocab_size)
+        proposals = valid_proposals(propose, response, self.limits.vocab_size)
+        for p in response.proposals:
+            if p.looked_up and p.request_id in proposals:
+                self.requests[p.request_id].stats.num_lookup_drafts += 1
+                self.totals.num_lookup_drafts += 1
+        return proposals
 
     def _mark_draft_down(self) -> None:
         """Runs K = 0 until the draft answers a probe; what it held is unknown from now on."""

@@ -28,10 +28,12 @@ def draft_step_request(
     kv_scales: common_pb2.KVScaleTable,
     ahead_of: Proposals | None = None,
     min_prob: float = 0.0,
+    prompt_lookup: tuple[int, int] = (0, 0),
 ) -> draft_pb2.DraftStepRequest:
-    """Ingest plans then proposals (each ending early below ``min_prob``); the full
-    KV-scale table when a sequence opens. With ``ahead_of`` (pipelining), each proposal
-    comes after the proposals the target is verifying for that request."""
+    """Ingest plans then proposals (each ending early below ``min_prob``; found by prompt
+    lookup first where ``prompt_lookup`` (n_min, n_max) is set); the full KV-scale table
+    when a sequence opens. With ``ahead_of`` (pipelining), each proposal comes after the
+    proposals the target is verifying for that request."""
     message = draft_pb2.DraftStepRequest(
         step_id=step_id,
         kv_scales_version=kv_scales.version,
@@ -48,6 +50,8 @@ def draft_step_request(
                 sampling=sampling_pb(d.request.sampling),
                 ahead_of=(ahead_of or {}).get(d.request.request_id, ((), ()))[0],
                 min_prob=min_prob,
+                prompt_lookup_min=prompt_lookup[0],
+                prompt_lookup_max=prompt_lookup[1],
             )
             for d in propose
         ],

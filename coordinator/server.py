@@ -75,6 +75,7 @@ def stats_pb(stats: SpecStats) -> coordinator_pb2.SpecDecodeStats:
         step_seconds=stats.step_seconds,
         num_ahead_proposals=stats.num_ahead_proposals,
         num_ahead_used=stats.num_ahead_used,
+        num_lookup_drafts=stats.num_lookup_drafts,
     )
 
 

@@ -25,6 +25,7 @@ class SpecStats:
     step_seconds: float = 0.0  # totals only: wall time in engine steps
     num_ahead_proposals: int = 0  # prepared during the previous verify (pipelining)
     num_ahead_used: int = 0  # of those, used: the commit matched what they assumed
+    num_lookup_drafts: int = 0  # proposals the draft found by prompt lookup (no forward)
 
     def observe_draft(
         self, num_draft_tokens: int, num_accepted: int, num_k0_steps: int = 1

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from draft_service.prompt_lookup import TokenHistory, check_ngram
 from kernels.paged_kv_cache import OutOfPagesError
 from kernels.random_stream import DRAFT_DOMAIN, PROPOSE_DRAW, RandomStream
 from kernels.sampling import SparseProbs
@@ -35,13 +36,18 @@ class ProposeEntry:
     """K proposals after the committed log; with ``ahead_of`` (pipelining), after the log
     followed by ``ahead_of`` and the draft's own guess of the token the target adds next.
     ``min_prob`` > 0: the proposals end before the first whose probability under the
-    draft (its distribution after the request's sampling parameters) is below it."""
+    draft (its distribution after the request's sampling parameters) is below it.
+    ``prompt_lookup`` (n_min, n_max), not (0, 0): a greedy proposal without ``ahead_of``
+    first copies what followed the last earlier occurrence of the log's last n tokens
+    (``prompt_lookup.TokenHistory.propose``), with no forward; the model proposes where
+    no such n-gram occurred."""
 
     request_id: str
     num_tokens: int
     sampling: Sampling = Sampling()
     ahead_of: tuple[int, ...] = ()
     min_prob: float = 0.0
+    prompt_lookup: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,7 @@ class Proposal:
     token_ids: list[int]
     draft_probs: list[SparseProbs] | None  # q of each proposed token when sampling
     guessed_token_id: int | None = None  # ahead proposals: the token guessed after ahead_of
+    looked_up: bool = False  # copied from the log by prompt lookup, not drafted
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,7 @@ class _Sequence:
     tail: list[int] = field(default_factory=list)
     pending: list[int] = field(default_factory=list)
     stream: RandomStream | None = None  # the draft's own draws, made on the first sampled step
+    history: TokenHistory = field(default_factory=TokenHistory)  # the committed ids
 
 
 @dataclass
@@ -101,11 +109,16 @@ class _Work:
     sampling: Sampling = Sampling()
     ahead_of: tuple[int, ...] = ()  # fed after the committed tokens, kept as tail
     min_prob: float = 0.0
+    prompt_lookup: tuple[int, int] = (0, 0)
+    looked_up: list[int] = field(default_factory=list)  # proposals found by prompt lookup
     opens: bool = False
 
     @property
     def num_picks(self) -> int:
-        """Tokens the propose loop picks: the K proposals, after a guess when ahead."""
+        """Tokens the propose loop picks: the K proposals, after a guess when ahead; none
+        where prompt lookup found them."""
+        if self.looked_up:
+            return 0
         return self.num_tokens + (1 if self.ahead_of else 0)
 
 
@@ -121,6 +134,8 @@ class Drafter:
     ``lazy_ingest``: a request that only ingests this step (K = 0) runs no forward; its
     tokens wait in ``pending`` and go into the ingest forward of its next proposal step (a
     request that finishes first never costs one). Its proposals are those of eager ingest.
+    A proposal found by prompt lookup is a step of that kind for the model: its tokens wait
+    in ``pending`` too (or, eager, are fed with no logits).
     """
 
     def __init__(self, runner: ModelRunner, lazy_ingest: bool = True) -> None:
@@ -131,6 +146,7 @@ class Drafter:
         self.num_steps = 0
         self.num_ingest_plans = 0
         self.num_ingested_tokens = 0
+        self.num_looked_up = 0  # proposals prompt lookup found (no forward)
 
     @property
     def num_sequences(self) -> int:
@@ -159,7 +175,10 @@ class Drafter:
         proposals = self._feed_and_pick_in_c(work, table.version)
         if proposals is None:
             first_logits = self._ingest(work, table.version)
-            proposals = self._propose([w for w in work.values() if w.num_tokens], first_logits)
+            proposals = self._propose([w for w in work.values() if w.num_picks], first_logits)
+        looked_up = [w for w in work.values() if w.looked_up]
+        proposals += [Proposal(w.request_id, w.looked_up, None, looked_up=True) for w in looked_up]
+        self.num_looked_up += len(looked_up)
         self.num_steps += 1
         self.num_ingest_plans += len(step.ingest)
         self.num_ingested_tokens += sum(len(p.token_ids) for p in step.ingest)
@@ -230,6 +249,7 @@ class Drafter:
             if rid in failed or not _attempt(failed, rid, self._check_version, rid, version):
                 del work[rid]
         for w in work.values():
+            self._look_up(w)
             self._decide_feed(w)
         return work
 
@@ -275,8 +295,11 @@ class Drafter:
             raise InvalidRequestError(f"request {rid}: ahead_of holds out-of-range id {bad[0]}")
         if not 0.0 <= entry.min_prob < 1.0:
             raise InvalidRequestError(f"request {rid}: min_prob must be in [0, 1)")
+        bad_ngram = check_ngram(entry.prompt_lookup)
+        if bad_ngram:
+            raise InvalidRequestError(f"request {rid}: {bad_ngram}")
         w.num_tokens, w.sampling, w.ahead_of = entry.num_tokens, entry.sampling, entry.ahead_of
-        w.min_prob = entry.min_prob
+        w.min_prob, w.prompt_lookup = entry.min_prob, entry.prompt_lookup
         work[rid] = w
 
     def _check_version(self, rid: str, version: int) -> None:
@@ -286,6 +309,14 @@ class Drafter:
                 f"request {rid}: the draft's KV was written under KV-scale table version "
                 f"{seq.kv_version} but this step uses version {version}; {RESYNC_HINT}"
             )
+
+    def _look_up(self, w: _Work) -> None:
+        """Prompt lookup for a greedy proposal that is not ahead: fills ``looked_up``."""
+        if not w.num_tokens or w.ahead_of or not w.sampling.greedy or not any(w.prompt_lookup):
+            return
+        seq = self._seqs.get(w.request_id)
+        history = seq.history if seq else TokenHistory()
+        w.looked_up = history.propose(w.committed, w.prompt_lookup, w.num_tokens)
 
     def _decide_feed(self, w: _Work) -> None:
         """Keep the speculative tail's prefix that matches the newly committed tokens (and
@@ -301,11 +332,11 @@ class Drafter:
             matched -= 1  # the guess needs the logits at the last ahead_of token: feed it
         w.keep = held - len(pending) + matched
         unfed = [*pending, *expected[matched:]]
-        if self.lazy_ingest and not w.num_tokens:
+        if self.lazy_ingest and not w.num_picks:
             w.pending = unfed
             return
         w.feed = unfed
-        if w.num_tokens and not w.feed:
+        if w.num_picks and not w.feed:
             # Nothing new to feed, yet the first proposal needs the logits at the last
             # committed token: drop it from the KV and feed it again.
             w.keep -= 1
@@ -335,7 +366,7 @@ class Drafter:
             return None
         picks, min_prob = fed[0].num_picks, fed[0].min_prob
         if not all(
-            w.num_tokens
+            w.num_picks
             and len(w.feed) == 1
             and w.sampling.greedy
             and (w.num_picks, w.min_prob) == (picks, min_prob)
@@ -380,6 +411,7 @@ class Drafter:
         for w in work.values():
             seq = self._seqs[w.request_id]
             seq.num_committed += len(w.committed)
+            seq.history.extend(w.committed)
             if w.committed:
                 seq.last_token = w.committed[-1]
             seq.tail = list(w.ahead_of)
@@ -390,7 +422,7 @@ class Drafter:
         """Truncate, then one ``extend`` for every ingest; logits at each proposer's last
         committed token."""
         self._open_and_truncate(work, version)
-        chunks = [SequenceChunk(w.request_id, w.feed, int(w.num_tokens > 0)) for w in work.values()]
+        chunks = [SequenceChunk(w.request_id, w.feed, int(w.num_picks > 0)) for w in work.values()]
         chunks = [c for c in chunks if c.token_ids]
         try:
             logits = self.runner.extend(chunks) if chunks else []

@@ -31,7 +31,14 @@ def step_from_proto(msg: draft_pb2.DraftStepRequest, failed: dict[str, Exception
             failed[e.request_id] = error
             continue
         propose.append(
-            ProposeEntry(e.request_id, e.num_tokens, sampling, tuple(e.ahead_of), e.min_prob)
+            ProposeEntry(
+                e.request_id,
+                e.num_tokens,
+                sampling,
+                tuple(e.ahead_of),
+                e.min_prob,
+                (e.prompt_lookup_min, e.prompt_lookup_max),
+            )
         )
     return DraftStep(
         kv_scales_version=msg.kv_scales_version,
@@ -56,6 +63,7 @@ def result_to_proto(result: DraftStepResult) -> draft_pb2.DraftStepResponse:
                     for q in p.draft_probs or ()
                 ],
                 guessed_token_id=p.guessed_token_id,
+                looked_up=p.looked_up,
             )
             for p in result.proposals
         ],

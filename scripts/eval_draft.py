@@ -9,9 +9,11 @@ steps at a ``--context``-token cache, the two models interleaved so load on the 
 hits both alike). Last, the same greedy requests through the running stack (``Stack``:
 three processes, one core per model service, K = ``--k`` on every step, never cut short by
 ``--draft-p-min``), where the acceptance comes from the stats the Generate responses
-report. Figures go to ``<draft>/eval.json``.
+report; then once more with prompt lookup first (``--prompt-lookup``, the default
+configuration's n-gram sizes): the draft service as `specdec up` runs it. Figures go to
+``<draft>/eval.json``.
 
-Usage: ``python scripts/eval_draft.py [--k 5] [--new-tokens 64]``.
+Usage: ``python scripts/eval_draft.py [--k 5] [--new-tokens 64] [--prompt-lookup 3,4]``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from fetch_models import DRAFT_DIR, MODEL_DIR
 
 from coordinator.bench import acceptance_summary
 from coordinator.client import CoordinatorClient, GenerateParams
-from coordinator.launcher import Stack, StackConfig, draft_dtype
+from coordinator.config import SpeculativeConfig
+from coordinator.launcher import DEFAULT_SPECULATIVE_CONFIG, Stack, StackConfig, draft_dtype
 from runtime import ModelRunner, SequenceChunk
 from runtime.loader import load_tokenizer
 
@@ -67,13 +70,24 @@ def step_ms(runners: dict[str, ModelRunner], context: int, repeats: int) -> dict
     return {name: sorted(t)[len(t) // 2] * 1000 for name, t in times.items()}
 
 
-def stack_acceptance(target: Path, draft: Path, questions: list[str], k: int, new_tokens: int):
+def stack_acceptance(
+    target: Path,
+    draft: Path,
+    questions: list[str],
+    k: int,
+    new_tokens: int,
+    lookup: tuple[int, int] = (0, 0),
+):
     """Mean acceptance length and per-position acceptance as the stack reports them: each
-    held-out chat alone (batch 1), greedy, ``new_tokens`` at most, K = ``k`` throughout."""
+    held-out chat alone (batch 1), greedy, ``new_tokens`` at most, K = ``k`` throughout;
+    prompt lookup first where ``lookup`` (n_min, n_max) is set."""
+    spec = {"num_speculative_tokens": k}
+    if any(lookup):
+        spec.update(prompt_lookup_min=lookup[0], prompt_lookup_max=lookup[1])
     config = StackConfig(
         target_model=str(target),
         draft_model=str(draft),
-        speculative_config=json.dumps({"num_speculative_tokens": k}),
+        speculative_config=json.dumps(spec),
         draft_p_min=0.0,  # K proposals on every step, whatever the draft's confidence
         port=0,
     )
@@ -84,6 +98,7 @@ def stack_acceptance(target: Path, draft: Path, questions: list[str], k: int, ne
         "generated_tokens": sum(len(o.token_ids) for o in outs),
         "num_drafts": sum(o.stats["num_drafts"] for o in outs),
         "num_accepted_tokens": sum(o.stats["num_accepted_tokens"] for o in outs),
+        "num_lookup_drafts": sum(o.stats["num_lookup_drafts"] for o in outs),
         **acceptance_summary(outs),
     }
 
@@ -97,7 +112,14 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--samples", type=int, default=2, help="answers kept in eval.json")
+    default_lookup = SpeculativeConfig.from_json(DEFAULT_SPECULATIVE_CONFIG).prompt_lookup
+    parser.add_argument(
+        "--prompt-lookup",
+        default=",".join(map(str, default_lookup)),
+        help="n_min,n_max of the stack's second run with prompt lookup first",
+    )
     args = parser.parse_args()
+    lookup = tuple(int(n) for n in args.prompt_lookup.split(","))
     torch.set_num_threads(1)
     tokenizer = load_tokenizer(args.target)
     target = ModelRunner.from_pretrained(args.target, num_pages=64, max_model_len=1024)
@@ -141,6 +163,10 @@ def main() -> None:
         "draft_dtype": dtype,
         "through_the_stack": stack_acceptance(
             args.target, args.draft, questions, args.k, args.new_tokens
+        ),
+        "prompt_lookup": lookup,
+        "through_the_stack_with_prompt_lookup": stack_acceptance(
+            args.target, args.draft, questions, args.k, args.new_tokens, lookup
         ),
         "samples": samples,
     }

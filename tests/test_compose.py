@@ -102,7 +102,10 @@ def test_coordinator_publishes_api_and_metrics_ports(services):
 def test_speculative_config_is_the_dynamic_k_table(services):
     argv = module_argv(services["coordinator"], "coordinator")
     spec = SpeculativeConfig.from_json(argv[argv.index("--speculative-config") + 1])
-    assert spec == SpeculativeConfig.from_json(DEFAULT_SPECULATIVE_CONFIG)  # one schedule
+    default = SpeculativeConfig.from_json(DEFAULT_SPECULATIVE_CONFIG)
+    rows = spec.num_speculative_tokens_per_batch_size
+    assert rows == default.num_speculative_tokens_per_batch_size  # one schedule
+    assert spec.prompt_lookup == (0, 0)  # the tiny pair's draft beats prompt lookup
     assert [spec.k_for_batch_size(bs) for bs in (1, 2, 16, 2000)] == [6, 0, 0, 0]
 
 

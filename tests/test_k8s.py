@@ -112,7 +112,10 @@ def test_commands_parse_with_the_services_clis():
     cc = CoordinatorConfig.from_cli_args(parser.parse_args(argv(coordinator, config)))
     assert cc.target == "localhost:50052" and cc.draft == "specdec-draft:50051"
     assert cc.coordinator_id == "pod-0" and cc.metrics_port == 9090
-    assert cc.speculative == SpeculativeConfig.from_json(DEFAULT_SPECULATIVE_CONFIG)
+    default = SpeculativeConfig.from_json(DEFAULT_SPECULATIVE_CONFIG)
+    rows = cc.speculative.num_speculative_tokens_per_batch_size
+    assert rows == default.num_speculative_tokens_per_batch_size  # one schedule
+    assert cc.speculative.prompt_lookup == (0, 0)  # the tiny pair's draft beats lookup
     assert cc.speculative.k_for_batch_size(1) == 6
     assert coordinator["readinessProbe"]["grpc"]["port"] == cc.port
     gateway = container(docs, "specdec-gateway", "gateway")

@@ -17,6 +17,14 @@ def test_per_batch_size_table_is_inclusive_and_uncovered_sizes_run_k0():
     assert spec.max_k == 3
 
 
+def test_prompt_lookup_keys_are_vllms_and_off_by_default():
+    spec = SpeculativeConfig.from_json(
+        '{"num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
+    )
+    assert spec.prompt_lookup == (2, 4)
+    assert SpeculativeConfig.from_json('{"num_speculative_tokens": 5}').prompt_lookup == (0, 0)
+
+
 def test_fixed_k_and_empty_config():
     assert SpeculativeConfig.from_json('{"num_speculative_tokens": 5}').k_for_batch_size(9) == 5
     assert SpeculativeConfig.from_json("").k_for_batch_size(1) == 0
@@ -41,6 +49,10 @@ def test_fixed_k_and_empty_config():
             "more tokens than num_speculative_tokens=2",
         ),
         ('{"num_speculative_token": 2}', "unknown keys"),
+        ('{"prompt_lookup_min": 3}', "prompt_lookup_min <= prompt_lookup_max"),
+        ('{"prompt_lookup_min": 0, "prompt_lookup_max": 2}', "1 <= prompt_lookup_min"),
+        ('{"prompt_lookup_min": 4, "prompt_lookup_max": 3}', "got 4 and 3"),
+        ('{"prompt_lookup_min": 2, "prompt_lookup_max": "4"}', "integers"),
     ],
 )
 def test_bad_speculative_config_is_a_value_error_naming_the_problem(text, message):

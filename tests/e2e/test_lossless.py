@@ -75,7 +75,11 @@ def test_greedy_spec_output_equals_target_only_for_k_1_3_5(kv_cache_dtype, dtype
         draft_model=draft,
         kv_cache_dtype=kv_cache_dtype,
         dtype=dtype,
-        speculative_config='{"num_speculative_tokens": 5}',
+        # Prompt lookup on: a step's proposals come from the log where its tail repeats,
+        # from the draft model elsewhere; both must leave the output unchanged.
+        speculative_config=(
+            '{"num_speculative_tokens": 5, "prompt_lookup_min": 3, "prompt_lookup_max": 4}'
+        ),
         with_baseline=True,
     ) as stack:
         _, target_only = generate_concurrently(stack.baseline_address, prompts, params)
@@ -95,5 +99,8 @@ def test_greedy_spec_output_equals_target_only_for_k_1_3_5(kv_cache_dtype, dtype
         assert drafted > 0 and 0 < accepted <= drafted
         # No draft is ever longer than the K asked for.
         assert all(len(o.stats["accepted_per_position"]) <= k for o in outs)
+    lookups = sum(o.stats["num_lookup_drafts"] for outs in by_k.values() for o in outs)
+    drafts = sum(o.stats["num_drafts"] for outs in by_k.values() for o in outs)
+    assert 0 < lookups < drafts
     if (kv_cache_dtype, dtype) == ("auto", "float32"):
         assert expected == hf_outputs
