@@ -147,6 +147,10 @@ class CoordinatorConfig:
     # "auto": while the target verifies a step, the draft proposes for the next one,
     # assuming its proposals are all accepted; "off": draft, then verify, in turn.
     pipeline: str = "auto"
+    # Pipelined, at batch 1, greedy: outcomes of the verify the draft prepares proposals
+    # for: all accepted, then the first proposal rejected, the second, ... (1 = only all
+    # accepted, and only after a verify that accepted everything).
+    pipeline_branches: int = 3
     # llama.cpp's --draft-p-min: the draft stops proposing at the first token it gives a
     # probability below this (0 = always K tokens); the rest of K would likely be rejected.
     draft_p_min: float = 0.0
@@ -173,6 +177,8 @@ class CoordinatorConfig:
             raise ValueError("num_scheduler_steps must be >= 1")
         if self.pipeline not in ("off", "auto"):
             raise ValueError(f'pipeline must be "off" or "auto", not {self.pipeline!r}')
+        if self.pipeline_branches < 1:
+            raise ValueError(f"pipeline_branches must be >= 1, got {self.pipeline_branches}")
         if not 0.0 <= self.draft_p_min < 1.0:
             raise ValueError(f"draft_p_min must be in [0, 1), got {self.draft_p_min}")
         if self.max_queue_len < 0:

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from opentelemetry import trace
@@ -20,7 +20,13 @@ from opentelemetry import trace
 from coordinator.config import CoordinatorConfig
 from coordinator.draft_breaker import DraftBreaker
 from coordinator.errors import InvalidRequest, NotReady, ServiceError, SpecDecError
-from coordinator.messages import Proposals, draft_step_request, valid_proposals, verify_request
+from coordinator.messages import (
+    Proposals,
+    checked_proposal,
+    draft_step_request,
+    valid_proposals,
+    verify_request,
+)
 from coordinator.metrics import Metrics
 from coordinator.request import AheadProposal, Request, RequestOutput, RequestStatus
 from coordinator.scheduler import DecodeEntry, IngestPlan, Scheduler, StepPlan
@@ -44,6 +50,16 @@ class ModelLimits:
     eos_token_ids: frozenset[int]
     draft_kv_scales: common_pb2.KVScaleTable
     target_kv_scales: common_pb2.KVScaleTable | None = None
+
+
+T = TypeVar("T")
+
+
+async def _timed(call: Awaitable[T]) -> tuple[T, float]:
+    """The call's result and its wall time in seconds."""
+    start = time.monotonic()
+    result = await call
+    return result, time.monotonic() - start
 
 
 def _status_of(e: BaseException) -> tuple[str, str]:
@@ -90,6 +106,7 @@ class Engine:
         )
         self.requests: dict[str, Request] = {}
         self.totals = SpecStats()
+        self._verify_seconds: float | None = None  # batch-1 verify wall time, smoothed
         self.draining = False
         self.target_available = True  # kept by `watch_target`; False refuses new requests
         self._pending_release: list[str] = []
@@ -237,41 +254,65 @@ class Engine:
         if not self.draft_breaker.closed:
             return proposals, await verify
         rest = [p for p in plan.ingest if p.request.request_id not in fresh_ids]
+        # Branches at batch 1, once a verify was timed: within 80 % of its time, so work
+        # ahead never holds up the step.
+        budget = 0.8 * self._verify_seconds if self._verify_seconds else 0.0
+        branches = self.config.pipeline_branches if plan.batch_size == 1 and budget else 1
         ahead = [
             d
             for d in plan.propose
-            if d.request.accepted_all and len(proposals.get(d.request.request_id, ((),))[0]) == d.k
+            if proposals.get(d.request.request_id, ((),))[0]
+            and (
+                (branches > 1 and d.request.sampling.greedy)
+                or (d.request.accepted_all and len(proposals[d.request.request_id][0]) == d.k)
+            )
         ]
-        draft = self._draft_step(plan, metadata, rest, ahead, ahead_of=proposals, release=not fresh)
-        _, results = await asyncio.gather(draft, verify)
+        draft = self._draft_step(
+            plan, metadata, rest, ahead, proposals, not fresh, branches, budget
+        )
+        _, (results, seconds) = await asyncio.gather(draft, _timed(verify))
+        if plan.batch_size == 1 and proposals:
+            last = self._verify_seconds or seconds
+            self._verify_seconds = 0.7 * last + 0.3 * seconds
         return proposals, results
 
     def _take_ahead(self, plan: StepPlan) -> Proposals:
-        """The prepared proposals that hold for this step, cut to its K."""
+        """The prepared proposals that hold for this step (of one request's branches, the
+        one whose assumed outcome the commit followed), cut to its K."""
         out: Proposals = {}
         for d in plan.propose:
             request = d.request
-            ahead, request.ahead = request.ahead, None
-            if ahead is None or not ahead.holds_for(request.token_ids):
+            prepared, request.ahead = request.ahead, []
+            ahead = next((a for a in prepared if a.holds_for(request.token_ids)), None)
+            if ahead is None:
                 continue
             ids = ahead.token_ids[: d.k]
             out[request.request_id] = (ids, ahead.draft_probs[: len(ids)])
             request.stats.num_ahead_used += 1
             self.totals.num_ahead_used += 1
+            request.stats.num_lookup_drafts += ahead.looked_up
+            self.totals.num_lookup_drafts += ahead.looked_up
         return out
 
     def _keep_ahead(self, propose: list[DecodeEntry], response: Any, ahead_of: Proposals) -> None:
-        guesses = {
-            p.request_id: p.guessed_token_id
-            for p in response.proposals
-            if p.HasField("guessed_token_id") and p.guessed_token_id < self.limits.vocab_size
-        }
-        for rid, (ids, probs) in valid_proposals(propose, response, self.limits.vocab_size).items():
-            request = self.requests.get(rid)
-            if request is None or rid not in guesses or not ids:
+        """Keeps each branch's proposals on its request, with the outcome it assumed: the
+        first ``ahead_accepted`` proposals under verification (all when unset), then the
+        draft's guess of the target's token."""
+        entries, vocab = {d.request.request_id: d for d in propose}, self.limits.vocab_size
+        for p in response.proposals:
+            entry, request = entries.get(p.request_id), self.requests.get(p.request_id)
+            if entry is None or request is None or not p.HasField("guessed_token_id"):
                 continue
-            assumed = (*ahead_of[rid][0], guesses[rid])
-            request.ahead = AheadProposal(request.num_tokens, assumed, ids, probs)
+            checked, verified = checked_proposal(entry, p, vocab), ahead_of[p.request_id][0]
+            accepted = p.ahead_accepted if p.HasField("ahead_accepted") else len(verified)
+            if not checked or not checked[0] or p.guessed_token_id >= vocab:
+                continue
+            if accepted > len(verified):
+                continue
+            ids, probs = checked
+            assumed = (*verified[:accepted], p.guessed_token_id)
+            ahead = AheadProposal(request.num_tokens, assumed, ids, probs, p.looked_up)
+            request.ahead.append(ahead)
             request.stats.num_ahead_proposals += 1
             self.totals.num_ahead_proposals += 1
 
@@ -283,9 +324,13 @@ class Engine:
         propose: list[DecodeEntry],
         ahead_of: Proposals | None = None,
         release: bool = True,
+        branches: int = 1,
+        branch_budget_s: float = 0.0,
     ) -> Proposals:
         """Ingests and proposes; returns request id -> (proposal ids, draft probs). With
-        ``ahead_of`` the proposals are for the next step and kept on the requests instead.
+        ``ahead_of`` the proposals are for the next step and kept on the requests instead
+        (for ``branches`` outcomes of the verify, greedy requests, as many as fit in
+        ``branch_budget_s``).
         ``release``: this is the step's first draft call, which releases what the plan
         (or an earlier failure) says the draft must drop.
 
@@ -316,6 +361,8 @@ class Engine:
                 ahead_of,
                 self.config.draft_p_min,
                 self.config.speculative.prompt_lookup,
+                branches,
+                branch_budget_s,
             )
             response = await self._call(self.draft.Step, message, timeout, metadata)
         except (grpc.RpcError, asyncio.TimeoutError) as e:

@@ -68,6 +68,9 @@ class StackConfig:
     max_queue_len: int = 256  # waiting requests; more is RESOURCE_EXHAUSTED
     num_scheduler_steps: int = 8  # target forwards per round trip where every decode has K = 0
     pipeline: str = "auto"  # the draft proposes for the next step during verify; or "off"
+    # Pipelined at batch 1: outcomes of the verify the draft prepares proposals for (all
+    # accepted, first proposal rejected, second, ...); 1 = all accepted only.
+    pipeline_branches: int = 3
     # The draft stops proposing at a token it gives less than this (llama.cpp's
     # --draft-p-min). 0.3 is the default pair's best at batch 1 (10 % over 0 there); the
     # tiny pair, whose draft is accepted five tokens in six, runs best at 0 (README).
@@ -332,6 +335,7 @@ class Stack:
             "--max-num-batched-tokens", str(c.max_num_batched_tokens),
             "--max-num-seqs", str(c.max_num_seqs), "--max-queue-len", str(c.max_queue_len),
             "--num-scheduler-steps", str(c.num_scheduler_steps), "--pipeline", c.pipeline,
+            "--pipeline-branches", str(c.pipeline_branches),
             "--draft-p-min", str(c.draft_p_min), "--metrics-port", str(metrics_port),
             *(["--served-model-name", c.served_model_name] if c.served_model_name else []),
             *(["--draft-rebuild-every-step"] if c.draft_rebuild_every_step else []),

@@ -29,11 +29,14 @@ def draft_step_request(
     ahead_of: Proposals | None = None,
     min_prob: float = 0.0,
     prompt_lookup: tuple[int, int] = (0, 0),
+    branches: int = 1,
+    branch_budget_s: float = 0.0,
 ) -> draft_pb2.DraftStepRequest:
     """Ingest plans then proposals (each ending early below ``min_prob``; found by prompt
     lookup first where ``prompt_lookup`` (n_min, n_max) is set); the full KV-scale table
     when a sequence opens. With ``ahead_of`` (pipelining), each proposal comes after the
-    proposals the target is verifying for that request."""
+    proposals the target is verifying for that request; a greedy one for ``branches``
+    outcomes of that verify, as many as fit in ``branch_budget_s``."""
     message = draft_pb2.DraftStepRequest(
         step_id=step_id,
         kv_scales_version=kv_scales.version,
@@ -52,6 +55,8 @@ def draft_step_request(
                 min_prob=min_prob,
                 prompt_lookup_min=prompt_lookup[0],
                 prompt_lookup_max=prompt_lookup[1],
+                num_branches=branches if ahead_of and d.request.sampling.greedy else 1,
+                branch_budget_s=branch_budget_s,
             )
             for d in propose
         ],
@@ -69,20 +74,28 @@ def valid_proposals(
     out: Proposals = {}
     for proposal in response.proposals:
         entry = entries.get(proposal.request_id)
-        if entry is None:
-            continue
-        ids = list(proposal.token_ids)[: entry.k]
-        if any(t >= vocab_size for t in ids):
-            logger.error("draft proposed a token id >= vocab for %s", proposal.request_id)
-            continue
-        probs: list[common_pb2.SparseProbs] = []
-        if not entry.request.sampling.greedy and ids:
-            if len(proposal.draft_probs) < len(ids):
-                logger.error("draft sent no probs for sampled %s", proposal.request_id)
-                continue
-            probs = list(proposal.draft_probs[: len(ids)])
-        out[proposal.request_id] = (ids, probs)
+        checked = None if entry is None else checked_proposal(entry, proposal, vocab_size)
+        if checked is not None:
+            out[proposal.request_id] = checked
     return out
+
+
+def checked_proposal(
+    entry: DecodeEntry, proposal: draft_pb2.Proposal, vocab_size: int
+) -> tuple[list[int], list[common_pb2.SparseProbs]] | None:
+    """One proposal's ids cut to the entry's K and, when sampling, their draft probs;
+    None (logged) when it is malformed."""
+    ids = list(proposal.token_ids)[: entry.k]
+    if any(t >= vocab_size for t in ids):
+        logger.error("draft proposed a token id >= vocab for %s", proposal.request_id)
+        return None
+    probs: list[common_pb2.SparseProbs] = []
+    if not entry.request.sampling.greedy and ids:
+        if len(proposal.draft_probs) < len(ids):
+            logger.error("draft sent no probs for sampled %s", proposal.request_id)
+            return None
+        probs = list(proposal.draft_probs[: len(ids)])
+    return ids, probs
 
 
 def verify_request(

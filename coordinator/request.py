@@ -37,6 +37,7 @@ class AheadProposal:
     assumed: tuple[int, ...]
     token_ids: list[int]
     draft_probs: list  # common_pb2.SparseProbs, one per token when sampling
+    looked_up: bool = False  # found by prompt lookup
 
     def holds_for(self, token_ids: list[int]) -> bool:
         end = self.base + len(self.assumed)
@@ -94,7 +95,8 @@ class Request:
         self.k_cap = k_cap
         self.num_target_cached = 0
         self.num_draft_cached: int | None = 0
-        self.ahead: AheadProposal | None = None  # the draft's proposals for the next step
+        # The draft's proposals for the next step, one per outcome of the verify it prepared.
+        self.ahead: list[AheadProposal] = []
         self.accepted_all = False  # the last verify accepted every proposal (K > 0)
         self.stats = SpecStats()
         self.status = RequestStatus.WAITING

@@ -5,7 +5,8 @@ Plain domain code (no gRPC): the servicer turns messages into these dataclasses 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -40,7 +41,8 @@ class ProposeEntry:
     ``prompt_lookup`` (n_min, n_max), not (0, 0): a greedy proposal without ``ahead_of``
     first copies what followed the last earlier occurrence of the log's last n tokens
     (``prompt_lookup.TokenHistory.propose``), with no forward; the model proposes where
-    no such n-gram occurred."""
+    no such n-gram occurred. ``num_branches`` > 1 with ``ahead_of``, greedy: also the
+    proposals for ``ahead_of[a]`` rejected, a = 0, 1, ... (``Drafter._branches``)."""
 
     request_id: str
     num_tokens: int
@@ -48,6 +50,8 @@ class ProposeEntry:
     ahead_of: tuple[int, ...] = ()
     min_prob: float = 0.0
     prompt_lookup: tuple[int, int] = (0, 0)
+    num_branches: int = 1
+    branch_budget_s: float = 0.0  # > 0: the branches stop where the next would end later
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ class Proposal:
     draft_probs: list[SparseProbs] | None  # q of each proposed token when sampling
     guessed_token_id: int | None = None  # ahead proposals: the token guessed after ahead_of
     looked_up: bool = False  # copied from the log by prompt lookup, not drafted
+    ahead_accepted: int | None = None  # a branch: ahead_of[:this] accepted, then the guess
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,8 @@ class _Work:
     min_prob: float = 0.0
     prompt_lookup: tuple[int, int] = (0, 0)
     looked_up: list[int] = field(default_factory=list)  # proposals found by prompt lookup
+    num_branches: int = 1
+    branch_budget_s: float = 0.0
     opens: bool = False
 
     @property
@@ -162,6 +169,7 @@ class Drafter:
     def step(self, step: DraftStep, failed: dict[str, Exception] | None = None) -> DraftStepResult:
         """``failed``: requests the caller already refused (their entries did not convert);
         they are reported with the ones this step refuses."""
+        started = time.monotonic()
         failed = dict(failed or {})
         table = self._resolve_table(step)
         work = self._plan(step, table.version, failed)
@@ -176,8 +184,12 @@ class Drafter:
         if proposals is None:
             first_logits = self._ingest(work, table.version)
             proposals = self._propose([w for w in work.values() if w.num_picks], first_logits)
+        proposals = [self._look_up_ahead(work[p.request_id], p) for p in proposals]
         looked_up = [w for w in work.values() if w.looked_up]
         proposals += [Proposal(w.request_id, w.looked_up, None, looked_up=True) for w in looked_up]
+        for w in work.values():
+            if w.ahead_of and w.sampling.greedy and w.num_branches > 1:
+                proposals += self._branches(w, started)
         self.num_looked_up += len(looked_up)
         self.num_steps += 1
         self.num_ingest_plans += len(step.ingest)
@@ -299,7 +311,10 @@ class Drafter:
         if bad_ngram:
             raise InvalidRequestError(f"request {rid}: {bad_ngram}")
         w.num_tokens, w.sampling, w.ahead_of = entry.num_tokens, entry.sampling, entry.ahead_of
+        if entry.num_branches < 0:
+            raise InvalidRequestError(f"request {rid}: num_branches must be >= 0")
         w.min_prob, w.prompt_lookup = entry.min_prob, entry.prompt_lookup
+        w.num_branches, w.branch_budget_s = entry.num_branches, entry.branch_budget_s
         work[rid] = w
 
     def _check_version(self, rid: str, version: int) -> None:
@@ -312,11 +327,23 @@ class Drafter:
 
     def _look_up(self, w: _Work) -> None:
         """Prompt lookup for a greedy proposal that is not ahead: fills ``looked_up``."""
-        if not w.num_tokens or w.ahead_of or not w.sampling.greedy or not any(w.prompt_lookup):
-            return
+        if w.num_tokens and not w.ahead_of:
+            w.looked_up = self._lookup(w, w.committed)
+
+    def _lookup(self, w: _Work, extra: tuple[int, ...]) -> list[int]:
+        """Prompt lookup's proposals after the request's history and ``extra``; [] where
+        it found none, is off, or the request samples."""
+        if not w.sampling.greedy or not any(w.prompt_lookup):
+            return []
         seq = self._seqs.get(w.request_id)
         history = seq.history if seq else TokenHistory()
-        w.looked_up = history.propose(w.committed, w.prompt_lookup, w.num_tokens)
+        return history.propose(extra, w.prompt_lookup, w.num_tokens)
+
+    def _look_up_ahead(self, w: _Work, p: Proposal) -> Proposal:
+        """An ahead proposal is, like any, prompt lookup's where it finds one after
+        ahead_of and the guess (the model's forwards then served only the guess)."""
+        looked = self._lookup(w, (*w.ahead_of, p.guessed_token_id)) if w.ahead_of else []
+        return replace(p, token_ids=looked, looked_up=True) if looked else p
 
     def _decide_feed(self, w: _Work) -> None:
         """Keep the speculative tail's prefix that matches the newly committed tokens (and
@@ -473,6 +500,54 @@ class Drafter:
             guess = picked.pop(0) if w.ahead_of else None
             proposals.append(Proposal(w.request_id, picked, probs[w.request_id] or None, guess))
         return proposals
+
+    def _branches(self, w: _Work, started: float) -> list[Proposal]:
+        """After a greedy ahead proposal (the all-accepted branch), the proposals for
+        ``ahead_of[a]`` rejected, a = 0, 1, ... (``num_branches`` - 1 of them): each after
+        ``ahead_of[:a]`` and the draft's likeliest token other than ``ahead_of[a]`` (its
+        guess of the target's correction), exactly what the draft proposes once the
+        coordinator commits that. One forward gives the guesses; each branch then feeds
+        its guess and picks as a proposal does, the deepest branch first so that each finds
+        its prefix of ``ahead_of`` still in the KV. The KV and tail left are branch 0's (the
+        likeliest outcome); the next step keeps of them what the commit matches. With a
+        ``branch_budget_s``, only as many run as end within that long after ``started``
+        at the pace of the step so far (the all-accepted branch's): the deepest ones, the
+        least likely outcomes, are the ones dropped."""
+        rid, ahead = w.request_id, list(w.ahead_of)
+        branches = list(range(min(w.num_branches - 1, len(ahead))))
+        if w.branch_budget_s > 0:
+            pace = time.monotonic() - started  # what the all-accepted branch took
+            fit = int((w.branch_budget_s - pace) // pace) if pace > 0 else len(branches)
+            branches = branches[: max(fit, 0)]
+        if not branches:
+            return []
+        seq = self._seqs[rid]
+        held = seq.num_committed
+        try:
+            # Logits at the last committed token and at ahead_of[:top]: row a scores ahead_of[a].
+            top = branches[-1]
+            self.runner.truncate(rid, held - 1)
+            chunk = SequenceChunk(rid, [seq.last_token, *ahead[:top]], top + 1)
+            rows = self.runner.extend([chunk])[0]
+            seq.tail = ahead[:top]
+            proposals = []
+            for a in reversed(branches):
+                ranked = rows[a].topk(2).indices.tolist()
+                guess = ranked[1] if ranked[0] == ahead[a] else ranked[0]
+                looked = self._lookup(w, (*ahead[:a], guess))
+                if looked:  # no forward: the KV stays the deeper branch's
+                    proposals.append(Proposal(rid, looked, None, guess, True, a))
+                    continue
+                self.runner.truncate(rid, held + a)
+                seq.tail = [*ahead[:a], guess]
+                first = self.runner.extend([SequenceChunk(rid, [guess])])[0]
+                branch = _Work(rid, num_tokens=w.num_tokens, min_prob=w.min_prob)
+                (proposal,) = self._propose([branch], {rid: first})
+                proposals.append(Proposal(rid, proposal.token_ids, None, guess, ahead_accepted=a))
+        except BaseException:
+            self.release([rid])  # half-made branches cannot be restored: re-sync it
+            raise
+        return proposals[::-1]
 
     def _greedy_rest(
         self, active: list[_Work], num_picks: int, tokens: dict[str, list[int]]

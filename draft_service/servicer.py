@@ -38,6 +38,8 @@ def step_from_proto(msg: draft_pb2.DraftStepRequest, failed: dict[str, Exception
                 tuple(e.ahead_of),
                 e.min_prob,
                 (e.prompt_lookup_min, e.prompt_lookup_max),
+                e.num_branches,
+                e.branch_budget_s,
             )
         )
     return DraftStep(
@@ -64,6 +66,7 @@ def result_to_proto(result: DraftStepResult) -> draft_pb2.DraftStepResponse:
                 ],
                 guessed_token_id=p.guessed_token_id,
                 looked_up=p.looked_up,
+                ahead_accepted=p.ahead_accepted,
             )
             for p in result.proposals
         ],

@@ -175,6 +175,16 @@ class FakeDraft:
             num = min(entry.num_tokens, self.max_proposals or entry.num_tokens)
             proposal.token_ids.extend(self.guess(n + i) for i in range(num))
             proposals.append(proposal)
+            # Branches: ahead_of[a] rejected, the target's token guessed right.
+            held = len(self.logs[entry.request_id])
+            for a in range(min(entry.num_branches - 1, len(entry.ahead_of))):
+                branch = draft_pb2.Proposal(
+                    request_id=entry.request_id,
+                    guessed_token_id=next_token(held + a),
+                    ahead_accepted=a,
+                )
+                branch.token_ids.extend(self.guess(held + a + 1 + i) for i in range(num))
+                proposals.append(branch)
         touched = {p.request_id for p in request.ingest} | {p.request_id for p in request.propose}
         touched -= refused
         cached = [

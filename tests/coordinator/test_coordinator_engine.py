@@ -179,8 +179,9 @@ def test_rebuild_every_step_reingests_from_zero_and_keeps_output():
 
 @pytest.mark.parametrize("wrong", [(), (15,)], ids=["guesses-hold", "one-miss"])
 def test_pipelined_steps_use_the_proposals_prepared_during_the_last_verify(wrong):
+    """One branch (all accepted), as at batch 2 and up or when sampling."""
     draft, target = FakeDraft(wrong_positions=frozenset(wrong)), FakeTarget()
-    engine = make_engine(draft, target)
+    engine = make_engine(draft, target, pipeline_branches=1)
     r = make_request("a", [1, 2, 3, 4], max_tokens=21)
     (result,) = asyncio.run(run(engine, r))
     assert result == (expected_output(4, 21), "length", None)
@@ -202,7 +203,7 @@ def test_a_draft_cut_short_is_verified_and_never_worked_ahead_of():
     """--draft-p-min reaches the draft; a draft that stops before K stopped where it was
     unsure of the next token, which work ahead would have to guess."""
     draft, target = FakeDraft(max_proposals=2), FakeTarget()
-    engine = make_engine(draft, target, draft_p_min=0.4)
+    engine = make_engine(draft, target, draft_p_min=0.4, pipeline_branches=1)
     r = make_request("a", [1, 2, 3, 4], max_tokens=21)
     (result,) = asyncio.run(run(engine, r))
     assert result == (expected_output(4, 21), "length", None)
@@ -213,6 +214,23 @@ def test_a_draft_cut_short_is_verified_and_never_worked_ahead_of():
     # and no work ahead followed one of those.
     assert r.stats.num_draft_tokens == 2 * (r.stats.num_drafts - 1) + 1
     assert not any(len(e.ahead_of) == 2 for e in entries)
+
+
+def test_branches_prepare_every_outcome_of_the_verify_at_batch_1():
+    """With a branch for each rejected position beside the all-accepted one, every step
+    after the first two (branches start once a verify was timed) uses prepared
+    proposals, whichever proposal the target rejects."""
+    draft, target = FakeDraft(wrong_positions=frozenset({9, 14})), FakeTarget()
+    engine = make_engine(draft, target, pipeline_branches=4)
+    r = make_request("a", [1, 2, 3, 4], max_tokens=21)
+    (result,) = asyncio.run(run(engine, r))
+    assert result == (expected_output(4, 21), "length", None)
+    fresh = [s for s in draft.requests if s.propose and not s.propose[0].ahead_of]
+    ahead = [e for s in draft.requests for e in s.propose if e.ahead_of]
+    assert len(fresh) == 2 and [e.num_branches for e in ahead][1:] == [4] * (len(ahead) - 1)
+    assert all(e.branch_budget_s > 0 for e in ahead[1:])
+    assert r.stats.num_drafts == 2 + r.stats.num_ahead_used
+    assert r.stats.num_accepted_tokens < r.stats.num_draft_tokens  # some were rejected
 
 
 def test_pipeline_off_drafts_then_verifies_in_turn():

@@ -116,3 +116,89 @@ def test_greedy_proposals_from_one_c_call_equal_those_made_forward_by_forward(ma
     assert proposals(native) == proposals(stepwise)
     # Forward by forward: one extend per pick after the first; one C call does the rest.
     assert native.runner.forward_tokens < stepwise.runner.forward_tokens
+
+
+def branch_outcomes(branches, ahead_of) -> list[tuple[int, ...]]:
+    """What each branch assumes the commit is: ahead_of[:accepted], then its guess."""
+    return [
+        (*ahead_of[: len(ahead_of) if b.ahead_accepted is None else b.ahead_accepted],
+         b.guessed_token_id)
+        for b in branches
+    ]  # fmt: skip
+
+
+def proposes_after(make_runner, log, committed, entry: ProposeEntry) -> list[int]:
+    """What a draft that ingests ``log`` then ``committed`` proposes for ``entry``."""
+    plain = Drafter(make_runner(num_pages=256))
+    step(plain, [IngestPlan("r", 0, tuple(log))])
+    (after,) = step(plain, [IngestPlan("r", len(log), committed)], [entry]).proposals
+    return after.token_ids
+
+
+@pytest.mark.parametrize("min_prob", [0.0, 0.3])
+def test_each_branch_proposes_as_a_draft_that_saw_its_commit(make_runner, min_prob):
+    piped = Drafter(make_runner())
+    (first,) = step(
+        piped, [IngestPlan("r", 0, tuple(PROMPT))], [ProposeEntry("r", K, min_prob=min_prob)]
+    ).proposals
+    ahead_of = tuple(first.token_ids) if len(first.token_ids) >= 3 else (7, 99, 31, 5)
+    entry = ProposeEntry("r", K, ahead_of=ahead_of, min_prob=min_prob, num_branches=4)
+    branches = step(piped, propose=[entry]).proposals
+    assert [b.ahead_accepted for b in branches] == [None, 0, 1, 2]
+    plain_entry = ProposeEntry("r", K, min_prob=min_prob)
+    for branch, committed in zip(branches, branch_outcomes(branches, ahead_of), strict=True):
+        if branch.ahead_accepted is not None:  # a rejection's correction
+            assert branch.guessed_token_id != ahead_of[branch.ahead_accepted]
+        assert branch.token_ids == proposes_after(make_runner, PROMPT, committed, plain_entry)
+    # The draft goes on from whichever branch the commit follows, as a rebuilt draft does.
+    for branch, committed in zip(branches, branch_outcomes(branches, ahead_of), strict=True):
+        ahead_entry = ProposeEntry("r", K, ahead_of=tuple(branch.token_ids), min_prob=min_prob)
+        kept = Drafter(make_runner())
+        step(kept, [IngestPlan("r", 0, tuple(PROMPT))])
+        step(kept, propose=[entry])
+        result = step(kept, [IngestPlan("r", len(PROMPT), committed)], [ahead_entry])
+        rebuilt = Drafter(make_runner())
+        want = step(rebuilt, [IngestPlan("r", 0, (*PROMPT, *committed))], [ahead_entry])
+        assert [(p.token_ids, p.guessed_token_id) for p in result.proposals] == [
+            (p.token_ids, p.guessed_token_id) for p in want.proposals
+        ]
+
+
+def test_ahead_proposals_and_branches_look_up_as_a_fresh_proposal_does(make_runner):
+    # Every token id occurs in the log, so prompt lookup (n = 1) finds each guess.
+    log = [*PROMPT, *range(make_runner().vocab_size)]
+    piped = Drafter(make_runner(num_pages=256))
+    step(piped, [IngestPlan("r", 0, tuple(log))])
+    lookup = {"prompt_lookup": (1, 1)}
+    ahead_of = (7, 99, 31)
+    entry = ProposeEntry("r", K, ahead_of=ahead_of, num_branches=4, **lookup)
+    branches = step(piped, propose=[entry]).proposals
+    assert [b.ahead_accepted for b in branches] == [None, 0, 1, 2]
+    assert sum(b.looked_up for b in branches) >= 3
+    plain_entry = ProposeEntry("r", K, **lookup)
+    for branch, committed in zip(branches, branch_outcomes(branches, ahead_of), strict=True):
+        assert branch.token_ids == proposes_after(make_runner, log, committed, plain_entry)
+
+
+def test_branches_are_for_greedy_ahead_proposals_only(make_runner):
+    drafter = Drafter(make_runner())
+    step(drafter, [IngestPlan("r", 0, tuple(PROMPT))])
+    sampled = ProposeEntry("r", K, SAMPLED, ahead_of=(7, 99), num_branches=3)
+    assert len(step(drafter, propose=[sampled]).proposals) == 1
+    plain = ProposeEntry("r", K, num_branches=3)
+    assert len(step(drafter, propose=[plain]).proposals) == 1
+    # At most one branch per ahead_of token, beside the all-accepted one.
+    many = ProposeEntry("r", K, ahead_of=(7, 99), num_branches=9)
+    assert [p.ahead_accepted for p in step(drafter, propose=[many]).proposals] == [None, 0, 1]
+
+
+def test_branches_that_would_outlast_the_budget_are_dropped(make_runner):
+    drafter = Drafter(make_runner())
+    step(drafter, [IngestPlan("r", 0, tuple(PROMPT))])
+
+    def branches(budget: float) -> list:
+        entry = ProposeEntry("r", K, ahead_of=(7, 99, 31), num_branches=4, branch_budget_s=budget)
+        return [p.ahead_accepted for p in step(drafter, propose=[entry]).proposals]
+
+    assert branches(1e-9) == [None]  # only the all-accepted proposal
+    assert branches(60.0) == [None, 0, 1, 2]

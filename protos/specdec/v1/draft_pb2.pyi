@@ -18,7 +18,7 @@ class IngestPlan(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., start_position: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProposeEntry(_message.Message):
-    __slots__ = ("request_id", "num_tokens", "sampling", "ahead_of", "min_prob", "prompt_lookup_min", "prompt_lookup_max")
+    __slots__ = ("request_id", "num_tokens", "sampling", "ahead_of", "min_prob", "prompt_lookup_min", "prompt_lookup_max", "num_branches", "branch_budget_s")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,8 @@ class ProposeEntry(_message.Message):
     MIN_PROB_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOOKUP_MIN_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOOKUP_MAX_FIELD_NUMBER: _ClassVar[int]
+    NUM_BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_BUDGET_S_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     num_tokens: int
     sampling: _common_pb2.SamplingParams
@@ -33,7 +35,9 @@ class ProposeEntry(_message.Message):
     min_prob: float
     prompt_lookup_min: int
     prompt_lookup_max: int
-    def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., ahead_of: _Optional[_Iterable[int]] = ..., min_prob: _Optional[float] = ..., prompt_lookup_min: _Optional[int] = ..., prompt_lookup_max: _Optional[int] = ...) -> None: ...
+    num_branches: int
+    branch_budget_s: float
+    def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., ahead_of: _Optional[_Iterable[int]] = ..., min_prob: _Optional[float] = ..., prompt_lookup_min: _Optional[int] = ..., prompt_lookup_max: _Optional[int] = ..., num_branches: _Optional[int] = ..., branch_budget_s: _Optional[float] = ...) -> None: ...
 
 class DraftStepRequest(_message.Message):
     __slots__ = ("step_id", "kv_scales_version", "kv_scales", "ingest", "propose", "trace_context")
@@ -59,18 +63,20 @@ class DraftStepRequest(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., kv_scales_version: _Optional[int] = ..., kv_scales: _Optional[_Union[_common_pb2.KVScaleTable, _Mapping]] = ..., ingest: _Optional[_Iterable[_Union[IngestPlan, _Mapping]]] = ..., propose: _Optional[_Iterable[_Union[ProposeEntry, _Mapping]]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Proposal(_message.Message):
-    __slots__ = ("request_id", "token_ids", "draft_probs", "guessed_token_id", "looked_up")
+    __slots__ = ("request_id", "token_ids", "draft_probs", "guessed_token_id", "looked_up", "ahead_accepted")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
     GUESSED_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     LOOKED_UP_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_probs: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseProbs]
     guessed_token_id: int
     looked_up: bool
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseProbs, _Mapping]]] = ..., guessed_token_id: _Optional[int] = ..., looked_up: bool = ...) -> None: ...
+    ahead_accepted: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseProbs, _Mapping]]] = ..., guessed_token_id: _Optional[int] = ..., looked_up: bool = ..., ahead_accepted: _Optional[int] = ...) -> None: ...
 
 class RequestError(_message.Message):
     __slots__ = ("request_id", "code", "message")
