@@ -4,8 +4,9 @@ For each batch size B, B concurrent greedy requests (held-out prompts, `--new-to
 tokens each, eos ignored) run twice: on the speculative coordinator and on a target-only
 coordinator in front of the same target service. Throughput is generated tokens over the
 wall time of the whole batch. `overhead_share_bs1` is the share of the batch-1
-speculative step time spent outside model forward passes (both services' forward time
-over the coordinator's step time). Each figure is the best of two alternating runs. The
+speculative step time spent outside model forward passes (both services' forward time,
+less the draft's beside a verify (work ahead, ingest only), over the coordinator's step
+time). Each figure is the best of two alternating runs. The
 transformers baselines run in a separate process
 (`bench/hf_generate.py`) before the stack starts.
 """
@@ -48,7 +49,7 @@ def forward_seconds(stack: Stack) -> float:
             info = stub_cls(channel).GetInfo(
                 common_pb2.InfoRequest(), timeout=10, metadata=stack.internal_metadata
             )
-            total += info.forward_seconds
+            total += info.forward_seconds - info.ahead_forward_seconds
     return total
 
 

@@ -154,6 +154,9 @@ class Drafter:
         self.num_ingest_plans = 0
         self.num_ingested_tokens = 0
         self.num_looked_up = 0  # proposals prompt lookup found (no forward)
+        # Forward time in steps with no fresh proposal (ingest only or ahead), which the
+        # coordinator runs beside a verify.
+        self.ahead_forward_seconds = 0.0
 
     @property
     def num_sequences(self) -> int:
@@ -169,7 +172,7 @@ class Drafter:
     def step(self, step: DraftStep, failed: dict[str, Exception] | None = None) -> DraftStepResult:
         """``failed``: requests the caller already refused (their entries did not convert);
         they are reported with the ones this step refuses."""
-        started = time.monotonic()
+        started, forward_before = time.monotonic(), self.runner.forward_seconds
         failed = dict(failed or {})
         table = self._resolve_table(step)
         work = self._plan(step, table.version, failed)
@@ -191,6 +194,8 @@ class Drafter:
             if w.ahead_of and w.sampling.greedy and w.num_branches > 1:
                 proposals += self._branches(w, started)
         self.num_looked_up += len(looked_up)
+        if all(entry.ahead_of for entry in step.propose):
+            self.ahead_forward_seconds += self.runner.forward_seconds - forward_before
         self.num_steps += 1
         self.num_ingest_plans += len(step.ingest)
         self.num_ingested_tokens += sum(len(p.token_ids) for p in step.ingest)

@@ -202,4 +202,5 @@ class DraftServicer(ModelServicer, draft_pb2_grpc.DraftServiceServicer):
             num_ingest_plans=d.num_ingest_plans,
             num_ingested_tokens=d.num_ingested_tokens,
             num_sequences=d.num_sequences,
+            ahead_forward_seconds=d.ahead_forward_seconds,
         )

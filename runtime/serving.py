@@ -463,7 +463,7 @@ def kv_table_from_proto(msg: common_pb2.KVScaleTable) -> KVScaleTable:
         raise InvalidRequestError(f"bad kv_scales table: {e}") from None
 
 
-def model_info(runner: ModelRunner, **counters: int) -> common_pb2.ModelInfo:
+def model_info(runner: ModelRunner, **counters: float) -> common_pb2.ModelInfo:
     return common_pb2.ModelInfo(
         model=runner.model_name,
         vocab_size=runner.vocab_size,
