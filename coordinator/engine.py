@@ -306,8 +306,8 @@ class Engine:
             checked, verified = checked_proposal(entry, p, vocab), ahead_of[p.request_id][0]
             accepted = p.ahead_accepted if p.HasField("ahead_accepted") else len(verified)
             if not checked or not checked[0] or p.guessed_token_id >= vocab:
-                continue
-            if accepted > len(verified):
+                continue  # malformed, or nothing to keep
+            if accepted > len(verified):  # a branch past the proposals it was sent
                 continue
             ids, probs = checked
             assumed = (*verified[:accepted], p.guessed_token_id)

@@ -266,7 +266,8 @@ class Drafter:
             if rid in failed or not _attempt(failed, rid, self._check_version, rid, version):
                 del work[rid]
         for w in work.values():
-            self._look_up(w)
+            if w.num_tokens and not w.ahead_of:
+                w.looked_up = self._lookup(w, w.committed)
             self._decide_feed(w)
         return work
 
@@ -315,9 +316,9 @@ class Drafter:
         bad_ngram = check_ngram(entry.prompt_lookup)
         if bad_ngram:
             raise InvalidRequestError(f"request {rid}: {bad_ngram}")
-        w.num_tokens, w.sampling, w.ahead_of = entry.num_tokens, entry.sampling, entry.ahead_of
         if entry.num_branches < 0:
             raise InvalidRequestError(f"request {rid}: num_branches must be >= 0")
+        w.num_tokens, w.sampling, w.ahead_of = entry.num_tokens, entry.sampling, entry.ahead_of
         w.min_prob, w.prompt_lookup = entry.min_prob, entry.prompt_lookup
         w.num_branches, w.branch_budget_s = entry.num_branches, entry.branch_budget_s
         work[rid] = w
@@ -329,11 +330,6 @@ class Drafter:
                 f"request {rid}: the draft's KV was written under KV-scale table version "
                 f"{seq.kv_version} but this step uses version {version}; {RESYNC_HINT}"
             )
-
-    def _look_up(self, w: _Work) -> None:
-        """Prompt lookup for a greedy proposal that is not ahead: fills ``looked_up``."""
-        if w.num_tokens and not w.ahead_of:
-            w.looked_up = self._lookup(w, w.committed)
 
     def _lookup(self, w: _Work, extra: tuple[int, ...]) -> list[int]:
         """Prompt lookup's proposals after the request's history and ``extra``; [] where
@@ -541,7 +537,9 @@ class Drafter:
                 guess = ranked[1] if ranked[0] == ahead[a] else ranked[0]
                 looked = self._lookup(w, (*ahead[:a], guess))
                 if looked:  # no forward: the KV stays the deeper branch's
-                    proposals.append(Proposal(rid, looked, None, guess, True, a))
+                    proposals.append(
+                        Proposal(rid, looked, None, guess, looked_up=True, ahead_accepted=a)
+                    )
                     continue
                 self.runner.truncate(rid, held + a)
                 seq.tail = [*ahead[:a], guess]
