@@ -76,7 +76,7 @@ class GreedyHead:
 
 
 # The packed linears' dtype -> csrc/decoder_layers.c's weight_kind.
-WEIGHT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+WEIGHT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3}
 LINEARS = ("qkv", "o_proj", "gate_up", "down")
 
 

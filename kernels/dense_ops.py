@@ -128,28 +128,60 @@ LINEAR_KERNELS = {
     torch.float32: "specdec_linear",
     torch.bfloat16: "specdec_linear_bf16",
     torch.float16: "specdec_linear_f16",
+    torch.int8: "specdec_linear_i8",
 }
+INT8_MAX = 127
+# An int8 block ends with its LINEAR_COLS float32 scales, 4 bytes each: 4 more rows.
+INT8_SCALE_ROWS = 4
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per output column (symmetric, weight-only): ``[in, out]`` float32 -> the int8
+    values ``[in, out]`` and the float32 scales ``[out]`` (absmax / 127; 1 for an all-zero
+    column), ``weight ≈ q * scale``."""
+    scale = weight.abs().amax(0) / INT8_MAX
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(weight / scale).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scale
 
 
 def pack_linear_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``[in, out]`` -> ``[out / LINEAR_COLS, in, LINEAR_COLS]`` (each column block a
     stream), stored as ``dtype`` (one of LINEAR_KERNELS: 16 bits halve the bytes a step
-    reads; the kernel widens them to float32). ValueError unless ``out`` is a multiple of
-    LINEAR_COLS."""
+    reads; the kernel widens them to float32). ``torch.int8`` quantizes per output column
+    (:func:`quantize_int8`) and appends each block's scales as ``INT8_SCALE_ROWS`` more
+    rows: ``[out / LINEAR_COLS, in + INT8_SCALE_ROWS, LINEAR_COLS]``, a quarter of the
+    bytes. ValueError unless ``out`` is a multiple of LINEAR_COLS."""
     _check("weight", weight)
     if dtype not in LINEAR_KERNELS:
         raise ValueError(f"no linear kernel for {dtype} weights")
     k, n = weight.shape
     if n % LINEAR_COLS:
         raise ValueError(f"cannot pack {n} output columns in blocks of {LINEAR_COLS}")
-    blocks = weight.reshape(k, n // LINEAR_COLS, LINEAR_COLS).permute(1, 0, 2)
-    return blocks.to(dtype).contiguous()
+    if dtype == torch.int8:
+        weight, scale = quantize_int8(weight)
+    blocks = weight.reshape(k, n // LINEAR_COLS, LINEAR_COLS).permute(1, 0, 2).to(dtype)
+    if dtype == torch.int8:
+        scales = scale.reshape(n // LINEAR_COLS, LINEAR_COLS).contiguous().view(torch.int8)
+        blocks = torch.cat([blocks, scales.view(-1, INT8_SCALE_ROWS, LINEAR_COLS)], 1)
+    return blocks.contiguous()
+
+
+def packed_in_features(packed: torch.Tensor) -> int:
+    """The ``in`` of a weight packed by :func:`pack_linear_weight`."""
+    return packed.shape[1] - (INT8_SCALE_ROWS if packed.dtype == torch.int8 else 0)
 
 
 def unpack_linear_weight(packed: torch.Tensor) -> torch.Tensor:
-    """The inverse of :func:`pack_linear_weight`: ``[in, out]`` float32, contiguous."""
-    blocks, k, cols = packed.shape
-    return packed.permute(1, 0, 2).reshape(k, blocks * cols).float()
+    """The inverse of :func:`pack_linear_weight`: ``[in, out]`` float32, contiguous (for
+    int8, the dequantized ``q * scale``)."""
+    blocks, _, cols = packed.shape
+    k = packed_in_features(packed)
+    weight = packed[:, :k].permute(1, 0, 2).reshape(k, blocks * cols).float()
+    if packed.dtype == torch.int8:
+        scale = packed[:, k:].contiguous().view(torch.float32).reshape(blocks * cols)
+        weight = weight * scale
+    return weight
 
 
 def linear(
@@ -160,8 +192,8 @@ def linear(
 ) -> torch.Tensor:
     """``x @ W (+ bias) (+ residual)`` for float32 ``x [M, in]`` and ``W`` packed by
     :func:`pack_linear_weight` (any of its dtypes); float32 ``[M, out]``."""
-    blocks, k, cols = packed.shape
-    n = blocks * cols
+    blocks, _, cols = packed.shape
+    k, n = packed_in_features(packed), blocks * cols
     _check("x", x)
     if x.dim() != 2 or x.shape[1] != k:
         raise ValueError(f"x has shape {tuple(x.shape)}, the weight takes [M, {k}]")

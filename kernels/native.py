@@ -50,7 +50,12 @@ SIGNATURES: dict[str, list[type]] = {
     "specdec_write_kv": [_P, _P, _P, _I64, _P, _I64, _I64, _I32],
     **{
         name: [_P, _I64, _P, _P, _P, _I64, _P, _I64, _I32, _I32]
-        for name in ("specdec_linear", "specdec_linear_bf16", "specdec_linear_f16")
+        for name in (
+            "specdec_linear",
+            "specdec_linear_bf16",
+            "specdec_linear_f16",
+            "specdec_linear_i8",
+        )
     },
     "specdec_decoder_layers": [_P, _I32, _P, _P, _P],
     "specdec_greedy_decode": [_P, _I32, *[_P] * 7],

@@ -8,6 +8,9 @@ from functools import cached_property
 from runtime.model_config import ModelConfig
 
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+# Weight quantization at load (vLLM's --quantization): "int8" holds every linear (the
+# head included) as int8 with one float32 scale per output channel, weight-only.
+QUANTIZATIONS = ("none", "int8")
 DEFAULT_KV_CACHE_MEMORY_BYTES = 256 * 1024 * 1024
 
 
@@ -23,6 +26,8 @@ class RuntimeConfig:
     ``dtype`` is the weights' dtype. Where the CPU kernels run (``cpu_kernels``) the
     activations, and with them an ``auto`` KV cache, stay float32 whatever it is (the
     kernels widen 16-bit weights as they read them); elsewhere everything runs in it.
+    ``quantization`` "int8" then quantizes the linears' weights (``QUANTIZATIONS``): the C
+    kernels read them as int8; elsewhere they hold the dequantized values.
     """
 
     model: str
@@ -36,10 +41,15 @@ class RuntimeConfig:
     device: str = "cpu"
     kv_scales_path: str | None = None
     seed: int = 0
+    quantization: str = "none"
 
     def __post_init__(self) -> None:
         if self.dtype not in COMPUTE_DTYPES:
             raise ValueError(f"dtype must be one of {COMPUTE_DTYPES}, got {self.dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
+            )
         from kernels.fp8 import KV_CACHE_DTYPES
 
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

@@ -92,6 +92,12 @@ class Linear(nn.Module):
             self.weight = nn.Parameter(dense_ops.unpack_linear_weight(self.packed_weight))
             self.packed_weight = None
 
+    def dequantize_int8_(self) -> None:
+        """Replaces the (unpacked) weight by its int8 quantization, dequantized."""
+        with torch.no_grad():
+            q, scale = dense_ops.quantize_int8(self.weight.float())
+            self.weight.copy_(q.float() * scale)
+
     def weight_in_out(self) -> torch.Tensor:
         """The weight as ``[in, out]``, however it is held."""
         if self.packed_weight is None:
@@ -291,23 +297,34 @@ class CausalLM(nn.Module):
             token_ids=self.head_token_ids,
         )
 
-    def use_cpu_kernels(self, enabled: bool, weight_dtype: torch.dtype = torch.float32) -> bool:
+    def use_cpu_kernels(
+        self,
+        enabled: bool,
+        weight_dtype: torch.dtype = torch.float32,
+        quantization: str = "none",
+    ) -> bool:
         """Run the linears, RMSNorm, q/k norm + RoPE and SiLU-and-mul as C kernels
         (``kernels.dense_ops``) when ``enabled`` and the model is float32 on the CPU with
         the kernels built; else PyTorch. Call after loading. Returns whether they are on.
 
         A 16-bit ``weight_dtype`` stores the packed linears in it (half the bytes a step
         reads) and rounds every other weight to it too, so the model is the checkpoint in
-        that dtype, computed in float32."""
+        that dtype, computed in float32. ``quantization`` "int8" then stores the linears
+        as int8 with a scale per output column (``dense_ops.quantize_int8``, a quarter of
+        float32's bytes); without the C kernels their weights become those dequantized
+        values, so both paths run the same quantized model."""
         on = enabled and dense_ops.available(self.model.embed_tokens.weight)
         if on and weight_dtype != torch.float32:
             with torch.no_grad():
                 for param in self.parameters():
                     param.copy_(param.to(weight_dtype))
             self.finalize()  # the fused q/k norm weights, from the rounded ones
+        packed_dtype = torch.int8 if quantization == "int8" else weight_dtype
         for module in self.modules():
             if isinstance(module, Linear):
-                module.use_cpu_kernels(on, weight_dtype)
+                module.use_cpu_kernels(on, packed_dtype)
+                if not on and quantization == "int8":
+                    module.dequantize_int8_()
             elif hasattr(module, "cpu_kernels"):
                 module.cpu_kernels = on
         # Every step streams the packed weights: on huge pages (see kernels.huge_pages).

@@ -57,7 +57,7 @@ class ModelRunner:
         # The C attention backend brings the C kernels for the rest of the layer with it;
         # the reference stays PyTorch throughout.
         self.cpu_kernels = self.model.use_cpu_kernels(
-            isinstance(self.backend, CpuAttentionBackend), config.torch_dtype
+            isinstance(self.backend, CpuAttentionBackend), config.torch_dtype, config.quantization
         )
         self.cache.use_cpu_kernels(self.cpu_kernels)
         self._sm_scale = mc.head_dim**-0.5

@@ -36,7 +36,7 @@ from kernels.attention import ATTENTION_BACKENDS
 from kernels.fp8 import KV_CACHE_DTYPES
 from kernels.paged_kv_cache import OutOfPagesError
 from protos.specdec.v1 import common_pb2
-from runtime.config import COMPUTE_DTYPES, RuntimeConfig
+from runtime.config import COMPUTE_DTYPES, QUANTIZATIONS, RuntimeConfig
 from runtime.kv_scales import KVScalesMismatchError, KVScaleTable
 from runtime.model_runner import ModelRunner
 from runtime.sequence import SequenceChunk
@@ -73,6 +73,14 @@ class ServiceConfig:
     port: int = field(default=0, metadata={"help": "port to bind (0 = any free port)"})
     kv_cache_dtype: str = field(default="auto", metadata={"choices": KV_CACHE_DTYPES})
     dtype: str = field(default="float32", metadata={"choices": COMPUTE_DTYPES})
+    quantization: str = field(
+        default="none",
+        metadata={
+            "choices": QUANTIZATIONS,
+            "help": "int8: the linears' weights as int8 with a scale per output channel "
+            "(weight-only), a quarter of float32's bytes per token",
+        },
+    )
     block_size: int = field(default=16, metadata={"help": "tokens per KV page"})
     num_gpu_blocks_override: int | None = field(
         default=None, metadata={"help": "number of KV pages (default: from the memory budget)"}
@@ -106,6 +114,7 @@ class ServiceConfig:
         return RuntimeConfig(
             model=self.model,
             dtype=self.dtype,
+            quantization=self.quantization,
             kv_cache_dtype=self.kv_cache_dtype,
             page_size=self.block_size,
             num_pages=self.num_gpu_blocks_override,

@@ -123,9 +123,13 @@ def main() -> None:
     torch.set_num_threads(1)
     tokenizer = load_tokenizer(args.target)
     target = ModelRunner.from_pretrained(args.target, num_pages=64, max_model_len=1024)
-    # The draft in the dtype `specdec up` serves it in (its checkpoint's, when 16-bit).
+    # The draft as `specdec up` serves it: its checkpoint's dtype when 16-bit, the linears
+    # quantized as --draft-quantization's default says.
     dtype = draft_dtype(str(args.draft), "auto", "float32")
-    draft = ModelRunner.from_pretrained(args.draft, num_pages=64, max_model_len=1024, dtype=dtype)
+    quantization = StackConfig.draft_quantization
+    draft = ModelRunner.from_pretrained(
+        args.draft, num_pages=64, max_model_len=1024, dtype=dtype, quantization=quantization
+    )
     questions = json.loads((args.draft / "heldout.json").read_text())["prompts"]
     counts: list[int] = []  # accepted tokens per round
     samples = []
@@ -161,6 +165,7 @@ def main() -> None:
         "context_tokens": args.context,
         "draft_to_target_cost": round(timings["draft"] / timings["target"], 4),
         "draft_dtype": dtype,
+        "draft_quantization": quantization,
         "through_the_stack": stack_acceptance(
             args.target, args.draft, questions, args.k, args.new_tokens
         ),

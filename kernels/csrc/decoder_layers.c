@@ -34,7 +34,7 @@ struct specdec_step {
     const int64_t *kv_rows;
     const int64_t *qo_indptr, *kv_lens, *page_indptr, *page_indices;
     int batch, page_size;
-    int weight_kind; /* the packed linears: 0 float32, 1 bfloat16, 2 float16 */
+    int weight_kind; /* the packed linears: 0 float32, 1 bfloat16, 2 float16, 3 int8 */
 };
 
 typedef void (*linear_fn)(const float *, int64_t, const void *, const float *, const float *,
@@ -48,6 +48,7 @@ static void linear_f32(const float *x, int64_t ldx, const void *packed, const fl
 static linear_fn linear_for(int weight_kind) {
     return weight_kind == 1   ? specdec_linear_bf16
            : weight_kind == 2 ? specdec_linear_f16
+           : weight_kind == 3 ? specdec_linear_i8
                               : linear_f32;
 }
 

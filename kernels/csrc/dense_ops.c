@@ -382,3 +382,101 @@ void specdec_linear_f16(const float *x, int64_t ldx, const void *packed, const f
     struct linear_args a = {x, bias, residual, packed, y, ldx, ldr, M, K, N};
     specdec_parallel_for(N / LINEAR_COLS, linear_blocks_f16(M), &a);
 }
+
+/* ---- int8 weights (weight-only, W8A16) ----------------------------------------------------
+ * The same linear over int8 weights with one float32 scale per output column: a column
+ * block is K x 32 int8 values followed by its 32 scales (128 bytes), a quarter of
+ * float32's bytes. Each row's products with the widened integers are summed exactly as
+ * above, and each LINEAR_DEPTH partial sum is scaled before it joins the total, so the
+ * result is batch invariant too. Up to rounding it is x @ (q * scale): what PyTorch
+ * computes with the dequantized weight. */
+#define LINEAR_I8(SUFFIX, ATTRIBUTES, TARGET, WIDEN, TILE)                                       \
+    static inline __attribute__((always_inline)) TARGET void tile_i8_##SUFFIX(           \
+        const int rows, const float *restrict x, int64_t ldx, const int8_t *restrict block,    \
+        const float *restrict scale, const float *bias, const float *residual, int64_t ldr,    \
+        float *restrict y, int64_t ldy, int K) {                                                \
+        for (int m = 0; m < rows; ++m)                                                          \
+            for (int n = 0; n < LINEAR_COLS; ++n)                                               \
+                y[m * ldy + n] =                                                                \
+                    (residual ? residual[m * ldr + n] : 0.0f) + (bias ? bias[n] : 0.0f);        \
+        for (int k0 = 0; k0 < K; k0 += LINEAR_DEPTH) {                                         \
+            const int k1 = K - k0 < LINEAR_DEPTH ? K : k0 + LINEAR_DEPTH;                       \
+            float part[LINEAR_ROWS_WIDE][LINEAR_COLS] = {{0.0f}};                               \
+            for (int k = k0; k < k1; ++k) {                                                     \
+                const int8_t *restrict w8 = block + (int64_t)k * LINEAR_COLS;                   \
+                __builtin_prefetch(w8 + 4 * LINEAR_PREFETCH * LINEAR_COLS);                     \
+                float w[LINEAR_COLS];                                                           \
+                WIDEN(w8, w);                                                                   \
+                for (int m = 0; m < rows; ++m) {                                                \
+                    const float xv = x[m * ldx + k];                                            \
+                    _Pragma("omp simd") for (int n = 0; n < LINEAR_COLS; ++n)                   \
+                        part[m][n] += xv * w[n];                                                \
+                }                                                                               \
+            }                                                                                   \
+            for (int m = 0; m < rows; ++m)                                                      \
+                _Pragma("omp simd") for (int n = 0; n < LINEAR_COLS; ++n)                       \
+                    y[m * ldy + n] += part[m][n] * scale[n];                                    \
+        }                                                                                       \
+    }                                                                                           \
+    ATTRIBUTES TARGET                                                                           \
+    void linear_blocks_i8_##SUFFIX(void *ctx, int64_t first, int64_t end) {                     \
+        const struct linear_args *a = ctx;                                                      \
+        const int K = a->K, N = a->N, tile = (TILE);                                            \
+        const int64_t bytes = (int64_t)K * LINEAR_COLS + LINEAR_COLS * (int64_t)sizeof(float);  \
+        for (int64_t b = first; b < end; ++b) {                                                 \
+            const int8_t *block = (const int8_t *)a->packed + b * bytes;                        \
+            const float *scale = (const float *)(block + (int64_t)K * LINEAR_COLS);             \
+            const int64_t n0 = b * LINEAR_COLS;                                                 \
+            for (int64_t m0 = 0; m0 < a->M; m0 += tile) {                                       \
+                const int64_t rows = a->M - m0 < tile ? a->M - m0 : tile;                       \
+                const float *xr = a->x + m0 * a->ldx;                                           \
+                const float *bi = a->bias ? a->bias + n0 : NULL;                                \
+                const float *res = a->residual ? a->residual + m0 * a->ldr + n0 : NULL;         \
+                float *yr = a->y + m0 * N + n0;                                                 \
+                const int64_t ldx = a->ldx, ldr = a->ldr;                                       \
+                switch (rows) {                                                                 \
+                case 8: tile_i8_##SUFFIX(8, xr, ldx, block, scale, bi, res, ldr, yr, N, K); break; \
+                case 7: tile_i8_##SUFFIX(7, xr, ldx, block, scale, bi, res, ldr, yr, N, K); break; \
+                case 6: tile_i8_##SUFFIX(6, xr, ldx, block, scale, bi, res, ldr, yr, N, K); break; \
+                case 5: tile_i8_##SUFFIX(5, xr, ldx, block, scale, bi, res, ldr, yr, N, K); break; \
+                case 4: tile_i8_##SUFFIX(4, xr, ldx, block, scale, bi, res, ldr, yr, N, K); break; \
+                case 3: tile_i8_##SUFFIX(3, xr, ldx, block, scale, bi, res, ldr, yr, N, K); break; \
+                case 2: tile_i8_##SUFFIX(2, xr, ldx, block, scale, bi, res, ldr, yr, N, K); break; \
+                default: tile_i8_##SUFFIX(1, xr, ldx, block, scale, bi, res, ldr, yr, N, K); break;\
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+    }
+
+static inline __attribute__((always_inline)) void widen_row_i8(const int8_t *restrict in,
+                                                               float *restrict out) {
+    for (int n = 0; n < LINEAR_COLS; ++n) out[n] = (float)in[n];
+}
+LINEAR_I8(generic, static SPECDEC_CLONES, , widen_row_i8, LINEAR_ROWS)
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* With AVX-512: 16 values widened by two instructions, one full-width store and load
+ * (compiled from the loop above, the widening went through halves that the tile's
+ * full-width loads then waited on: 1.6x bfloat16's time at one row), and
+ * LINEAR_ROWS_WIDE rows a tile. */
+#define AVX512_I8 __attribute__((target("avx512f,avx512vl,fma")))
+static inline __attribute__((always_inline)) AVX512_I8 void widen_row_i8_512(
+    const int8_t *restrict in, float *restrict out) {
+    for (int n = 0; n < LINEAR_COLS; n += 16)
+        _mm512_storeu_ps(out + n, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                      _mm_loadu_si128((const __m128i *)(in + n)))));
+}
+LINEAR_I8(avx512, static, AVX512_I8, widen_row_i8_512, LINEAR_ROWS_WIDE)
+
+static specdec_task linear_blocks_i8(void) {
+    return tile_rows() == LINEAR_ROWS_WIDE ? linear_blocks_i8_avx512 : linear_blocks_i8_generic;
+}
+#else
+static specdec_task linear_blocks_i8(void) { return linear_blocks_i8_generic; }
+#endif
+
+void specdec_linear_i8(const float *x, int64_t ldx, const void *packed, const float *bias,
+                       const float *residual, int64_t ldr, float *y, int64_t M, int K, int N) {
+    struct linear_args a = {x, bias, residual, packed, y, ldx, ldr, M, K, N};
+    specdec_parallel_for(N / LINEAR_COLS, linear_blocks_i8(), &a);
+}

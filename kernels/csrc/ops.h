@@ -25,6 +25,8 @@ void specdec_linear_bf16(const float *x, int64_t ldx, const void *packed, const 
                          const float *residual, int64_t ldr, float *y, int64_t M, int K, int N);
 void specdec_linear_f16(const float *x, int64_t ldx, const void *packed, const float *bias,
                         const float *residual, int64_t ldr, float *y, int64_t M, int K, int N);
+void specdec_linear_i8(const float *x, int64_t ldx, const void *packed, const float *bias,
+                       const float *residual, int64_t ldr, float *y, int64_t M, int K, int N);
 int specdec_paged_attention(const float *q, int64_t q_stride, const void *kv, int kind,
                             const float *table, const int64_t *qo_indptr,
                             const int64_t *kv_lens, const int64_t *page_indptr,

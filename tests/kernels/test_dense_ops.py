@@ -101,27 +101,31 @@ def test_rotary_positions_past_the_table_are_an_error():
             rotary.for_step(torch.tensor([3, 8]), torch.float32, in_kernel=in_kernel)
 
 
+PACKED_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int8]
+
+
 @pytest.mark.parametrize("rows", [1, 3, 4, 7, 8, 13, 17, 40, 300])  # tiles of 4 or 8, the rest
 @pytest.mark.parametrize("extras", ["plain", "bias", "bias+residual"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", PACKED_DTYPES)
 def test_linear_on_packed_weights_matches_matmul(rows, extras, dtype):
-    # 16-bit weights: the product of the rounded weights, which the kernel widens exactly.
+    # 16-bit weights: the product of the rounded weights, which the kernel widens exactly;
+    # int8: of the dequantized ones (q * scale).
     k, n = 96, 160
     wide = randn(rows, k + 5)
     x = wide[:, :k]  # rows k + 5 floats apart
-    weight = randn(k, n).to(dtype).float()
+    packed = dense_ops.pack_linear_weight(randn(k, n), dtype)
     bias = randn(n) if "bias" in extras else None
     residual = randn(rows, n) if "residual" in extras else None
-    want = x @ weight
+    want = x @ dense_ops.unpack_linear_weight(packed)
     if bias is not None:
         want = want + bias
     if residual is not None:
         want = want + residual
-    out = dense_ops.linear(x, dense_ops.pack_linear_weight(weight, dtype), bias, residual)
+    out = dense_ops.linear(x, packed, bias, residual)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", PACKED_DTYPES)
 def test_linear_is_batch_invariant(dtype):
     # A row's result is bit for bit the same alone, among a few rows, or in a prefill-sized
     # batch, wherever it falls in a tile. (MKL's GEMM is not: one row alone and the same
@@ -146,6 +150,26 @@ def test_packing_round_trips_and_needs_whole_column_blocks():
     assert torch.equal(dense_ops.unpack_linear_weight(packed), weight)
     with pytest.raises(ValueError, match="blocks of 32"):
         dense_ops.pack_linear_weight(randn(7, 48))
+
+
+def test_int8_packing_quantizes_each_output_column_to_its_absmax():
+    weight = randn(50, 64) * torch.linspace(0.01, 3.0, 64)  # columns of different ranges
+    weight[:, 5] = 0.0
+    packed = dense_ops.pack_linear_weight(weight, torch.int8)
+    assert packed.shape == (2, 50 + dense_ops.INT8_SCALE_ROWS, 32)
+    assert packed.dtype == torch.int8  # a quarter of float32's bytes, the scales included
+    q, scale = dense_ops.quantize_int8(weight)
+    assert torch.equal(scale[5], torch.tensor(1.0))  # an all-zero column: nothing to scale
+    assert q.abs().amax(0)[torch.arange(64) != 5].eq(127).all()
+    dequantized = dense_ops.unpack_linear_weight(packed)
+    assert torch.equal(dequantized, q.float() * scale)
+    # Every weight within half a step of its column's grid, and no column shares a scale.
+    assert ((dequantized - weight).abs() <= scale / 2 + 1e-7).all()
+    assert scale.unique().numel() == 64
+    # The kernel uses each column's own scale: a linear by one column picks it out.
+    x = torch.zeros(1, 50)
+    x[0, 3] = 1.0
+    assert torch.allclose(dense_ops.linear(x, packed)[0], dequantized[3], rtol=0, atol=1e-6)
 
 
 def test_linear_refuses_mismatched_shapes():

@@ -48,14 +48,18 @@ def next_logits(runner: ModelRunner, picks: list[list[int]]) -> torch.Tensor:
     return torch.cat(outs)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize(
+    "weights",
+    [{"dtype": "float32"}, {"dtype": "float16"}, {"quantization": "int8"}],
+    ids=["float32", "float16", "int8"],
+)
 @pytest.mark.parametrize("head", ["full", "subset"])
-def test_one_c_call_picks_what_extend_and_argmax_pick(tmp_path, tiny_checkpoint, dtype, head):
+def test_one_c_call_picks_what_extend_and_argmax_pick(tmp_path, tiny_checkpoint, weights, head):
     path = tiny_checkpoint(tmp_path / "full", "llama", tie_word_embeddings=False)
     if head == "subset":  # a frequency-ranked head: rows in no particular id order
         ids = torch.randperm(256, generator=torch.Generator().manual_seed(3))[:96].tolist()
         path = with_subset_head(path, tmp_path / "subset", ids, tied=False)
-    stepwise, native = runner_for(path, dtype=dtype), runner_for(path, dtype=dtype)
+    stepwise, native = runner_for(path, **weights), runner_for(path, **weights)
     first = prefill(stepwise)
     assert prefill(native) == first
     expected, _ = one_forward_at_a_time(stepwise, first)

@@ -31,18 +31,21 @@ def steps(runner: ModelRunner) -> torch.Tensor:
             runner.release(seq_id)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int8"])
 @pytest.mark.parametrize(
     "arch, overrides",
     [("qwen3", {}), ("llama", {"attention_bias": True, "mlp_bias": True})],
     ids=["qwen3-qk-norm", "llama-biases"],
 )
 def test_native_layers_equal_the_per_op_path(tmp_path, tiny_checkpoint, arch, overrides, dtype):
+    # "int8": float32 with --quantization int8, the linears int8 with per-column scales.
     path = tiny_checkpoint(tmp_path / arch, arch, **overrides)
-    runner = ModelRunner.from_pretrained(path, num_pages=32, attention_backend="cpu", dtype=dtype)
+    weights = {"dtype": "float32", "quantization": "int8"} if dtype == "int8" else {"dtype": dtype}
+    runner = ModelRunner.from_pretrained(path, num_pages=32, attention_backend="cpu", **weights)
     assert runner.kv_torch_dtype == torch.float32  # activations and an auto cache: float32
     packed = runner.model.model.layers[0].mlp.down_proj.packed_weight
     assert packed.dtype == getattr(torch, dtype), "the linears are stored in the dtype"
+    assert runner.model.lm_head.packed_weight.dtype == packed.dtype
     native = runner.model.model.native_layers
     assert native is not None, "a float32 CPU model with packed linears runs the C loop"
     calls = []
@@ -52,9 +55,14 @@ def test_native_layers_equal_the_per_op_path(tmp_path, tiny_checkpoint, arch, ov
     runner.model.model.native_layers = None
     per_op = steps(runner)
     assert torch.equal(with_native, per_op)
-    if dtype == "float32":
-        reference = ModelRunner.from_pretrained(path, num_pages=32, attention_backend="reference")
+    if dtype in ("float32", "int8"):  # PyTorch computes int8 with the dequantized weights
+        reference = ModelRunner.from_pretrained(
+            path, num_pages=32, attention_backend="reference", **weights
+        )
         torch.testing.assert_close(with_native, steps(reference), rtol=0, atol=1e-4)
+    if dtype == "int8":  # quantized for real: not the float32 model
+        full = ModelRunner.from_pretrained(path, num_pages=32, attention_backend="cpu")
+        assert (steps(full) - with_native).abs().max() > 1e-3
 
 
 def hf_logits(path, dtype: torch.dtype, upcast: bool, ids: list[int]) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""`specdec up --draft-dtype`: which dtype the draft service is started with."""
+"""`specdec up --draft-dtype` / `--draft-quantization`: how the draft service holds its
+weights (the target keeps --dtype, never quantized)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,14 @@ import json
 
 import pytest
 
-from coordinator.launcher import REAL_DRAFT, TINY_DRAFT, draft_dtype
+from coordinator.launcher import (
+    REAL_DRAFT,
+    REAL_TARGET,
+    TINY_DRAFT,
+    Stack,
+    StackConfig,
+    draft_dtype,
+)
 
 
 def checkpoint(tmp_path, **config) -> str:
@@ -36,3 +44,27 @@ def test_an_explicit_draft_dtype_wins(tmp_path):
 def test_the_shipped_drafts():
     assert draft_dtype(str(REAL_DRAFT), "auto", "float32") == "bfloat16"
     assert draft_dtype(str(TINY_DRAFT), "auto", "float32") == "float32"
+
+
+def service_argv(config: StackConfig, service: str, model: str) -> list[str]:
+    stack = Stack(config)
+    return stack._spawn_model(service, service, model, 0).argv
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+@pytest.mark.parametrize("quantization", ["int8", "none"])
+def test_only_the_draft_service_is_quantized(quantization):
+    config = StackConfig(draft_quantization=quantization)
+    draft = service_argv(config, "draft", str(REAL_DRAFT))
+    assert flag(draft, "--quantization") == quantization
+    assert flag(draft, "--dtype") == "bfloat16"
+    target = service_argv(config, "target", str(REAL_TARGET))
+    assert flag(target, "--quantization") == "none"
+    assert flag(target, "--dtype") == "float32"
+
+
+def test_the_default_draft_is_int8():
+    assert StackConfig().draft_quantization == "int8"
