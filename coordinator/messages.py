@@ -42,7 +42,10 @@ def draft_step_request(
         kv_scales_version=kv_scales.version,
         ingest=[
             draft_pb2.IngestPlan(
-                request_id=p.request.request_id, start_position=p.start, token_ids=p.token_ids
+                request_id=p.request.request_id,
+                start_position=p.start,
+                token_ids=p.token_ids,
+                eager=p.eager,
             )
             for p in ingest
         ],

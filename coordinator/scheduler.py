@@ -36,11 +36,14 @@ class DecodeEntry:
 
 @dataclass(frozen=True)
 class IngestPlan:
-    """Committed tokens [start, start + len(token_ids)) the draft is behind on."""
+    """Committed tokens [start, start + len(token_ids)) the draft is behind on; `eager`:
+    the request drafts at this batch size, so the draft computes them now even where this
+    step proposes nothing for it (a prefill) rather than at its first proposal."""
 
     request: Request
     start: int
     token_ids: list[int]
+    eager: bool = False
 
 
 @dataclass
@@ -184,14 +187,16 @@ class Scheduler:
             ]
         if draft_available:
             for chunk in plan.prefills:
-                self._plan_ingest(plan, chunk.request, chunk.start + len(chunk.token_ids))
+                end = chunk.start + len(chunk.token_ids)
+                self._plan_ingest(plan, chunk.request, end, self.k_for(chunk.request, batch_k) > 0)
             for entry in plan.decodes:
-                self._plan_ingest(plan, entry.request, entry.request.num_tokens)
+                eager = self.k_for(entry.request, batch_k) > 0
+                self._plan_ingest(plan, entry.request, entry.request.num_tokens, eager)
         self._next_step_id += 1
         return plan
 
     @staticmethod
-    def _plan_ingest(plan: StepPlan, request: Request, end: int) -> None:
+    def _plan_ingest(plan: StepPlan, request: Request, end: int, eager: bool) -> None:
         """Brings the draft to the committed tokens [0, end) of `request`."""
         held = request.num_draft_cached
         if held is None or held > end:
@@ -199,4 +204,4 @@ class Scheduler:
             plan.draft_release.append(request)
             held = 0
         if held < end:
-            plan.ingest.append(IngestPlan(request, held, request.token_ids[held:end]))
+            plan.ingest.append(IngestPlan(request, held, request.token_ids[held:end], eager))

@@ -25,19 +25,23 @@ RESYNC_HINT = "re-sync from the log (release, then ingest from 0)"
 
 @dataclass(frozen=True)
 class IngestPlan:
-    """Committed tokens ``[start_position, start_position + len(token_ids))``."""
+    """Committed tokens ``[start_position, start_position + len(token_ids))``; ``eager``:
+    fed this step even with no proposal for the request (it is proposed for next)."""
 
     request_id: str
     start_position: int
     token_ids: tuple[int, ...]
+    eager: bool = False
 
 
 @dataclass(frozen=True)
 class ProposeEntry:
     """K proposals after the committed log; with ``ahead_of`` (pipelining), after the log
     followed by ``ahead_of`` and the draft's own guess of the token the target adds next.
-    ``min_prob`` > 0: the proposals end before the first whose probability under the
-    draft (its distribution after the request's sampling parameters) is below it.
+    ``min_prob`` > 0: the proposals end before the first after the first whose probability
+    under the draft (its distribution after the request's sampling parameters) is below it.
+    The first is always proposed: its forward is paid already, and the target verifies one
+    more token at almost no cost.
     ``prompt_lookup`` (n_min, n_max), not (0, 0): a greedy proposal without ``ahead_of``
     first copies what followed the last earlier occurrence of the log's last n tokens
     (``prompt_lookup.TokenHistory.propose``), with no forward; the model proposes where
@@ -119,6 +123,7 @@ class _Work:
     num_branches: int = 1
     branch_budget_s: float = 0.0
     opens: bool = False
+    eager: bool = False  # feed the ingested tokens now even with no picks
 
     @property
     def num_picks(self) -> int:
@@ -138,9 +143,10 @@ class Drafter:
     still proposing, or greedy, the picks after the first one C loop; a greedy step that
     feeds one token per request runs feed and picks as one C loop.
 
-    ``lazy_ingest``: a request that only ingests this step (K = 0) runs no forward; its
-    tokens wait in ``pending`` and go into the ingest forward of its next proposal step (a
-    request that finishes first never costs one). Its proposals are those of eager ingest.
+    ``lazy_ingest``: a request that only ingests this step (K = 0) runs no forward, unless
+    its plan is ``eager``; its tokens wait in ``pending`` and go into the ingest forward of
+    its next proposal step (a request that finishes first never costs one). Its proposals
+    are those of eager ingest.
     A proposal found by prompt lookup is a step of that kind for the model: its tokens wait
     in ``pending`` too (or, eager, are fed with no logits).
     """
@@ -288,7 +294,7 @@ class Drafter:
             raise InvalidRequestError(
                 f"request {rid}: {held + len(plan.token_ids)} tokens exceed max_model_len={max_len}"
             )
-        work[rid] = _Work(rid, plan.token_ids, opens=rid not in self._seqs)
+        work[rid] = _Work(rid, plan.token_ids, opens=rid not in self._seqs, eager=plan.eager)
 
     def _plan_propose(self, entry: ProposeEntry, work: dict[str, _Work]) -> None:
         rid, max_len = entry.request_id, self.runner.max_model_len
@@ -360,7 +366,7 @@ class Drafter:
             matched -= 1  # the guess needs the logits at the last ahead_of token: feed it
         w.keep = held - len(pending) + matched
         unfed = [*pending, *expected[matched:]]
-        if self.lazy_ingest and not w.num_picks:
+        if self.lazy_ingest and not w.num_picks and not w.eager:
             w.pending = unfed
             return
         w.feed = unfed
@@ -387,8 +393,9 @@ class Drafter:
         """The usual greedy step, a token to feed and then the picks, as ONE C call
         (``ModelRunner.decode_greedy`` from the fed token: the tokens and KV that ``_ingest``
         and ``_propose`` give) where every request fed this step is a greedy proposer with
-        one token to feed, all making as many picks under one ``min_prob`` (none with an
-        ahead guess, which ``min_prob`` never cuts). None, with nothing changed, where not."""
+        one token to feed, all making as many picks under one ``min_prob``, which spares
+        the first pick (none with an ahead guess, whose first proposal is the second pick).
+        None, with nothing changed, where not."""
         fed = [w for w in work.values() if w.feed]
         if not fed or not self.runner.decodes_greedy_in_c:
             return None
@@ -405,15 +412,7 @@ class Drafter:
         self._open_and_truncate(work, version)
         ids = [w.request_id for w in fed]
         try:
-            picked = self.runner.decode_greedy(ids, [w.feed[0] for w in fed], picks, min_prob)
-            # A first pick cut by min_prob leaves its fed token without KV: feed it alone.
-            uncut = [
-                SequenceChunk(w.request_id, w.feed, 0)
-                for w, p in zip(fed, picked, strict=True)
-                if not p
-            ]
-            if uncut:
-                self.runner.extend(uncut)
+            picked = self.runner.decode_greedy(ids, [w.feed[0] for w in fed], picks, min_prob, 1)
         except BaseException:
             self.release(list(work))  # truncated sequences cannot be restored: re-sync them
             raise
@@ -465,7 +464,8 @@ class Drafter:
     def _propose(self, work: list[_Work], first: dict[str, torch.Tensor]) -> list[Proposal]:
         """Each further pick is one ``extend`` over the requests still picking. An ahead
         request's first pick is its guess (the draft's argmax), the rest its proposals. A
-        request stops picking at its first proposal less likely than its ``min_prob``."""
+        request stops picking at its first proposal after the first less likely than its
+        ``min_prob``."""
         tokens: dict[str, list[int]] = {w.request_id: [] for w in work}
         probs: dict[str, list[SparseProbs]] = {w.request_id: [] for w in work}
         stopped: set[str] = set()
@@ -557,15 +557,19 @@ class Drafter:
     ) -> bool:
         """Picks 1 onwards in one C call (``ModelRunner.decode_greedy``) when every request
         still picking is greedy and picks as many; False (nothing done) otherwise."""
-        min_prob = active[0].min_prob
+        min_prob, ahead = active[0].min_prob, bool(active[0].ahead_of)
         if not all(
-            w.sampling.greedy and w.num_picks == num_picks and w.min_prob == min_prob
+            w.sampling.greedy
+            and w.num_picks == num_picks
+            and w.min_prob == min_prob
+            and bool(w.ahead_of) == ahead
             for w in active
         ):
             return False
         ids = [w.request_id for w in active]
         first = [tokens[rid][-1] for rid in ids]
-        rest = self.runner.decode_greedy(ids, first, num_picks - 1, min_prob)
+        # Ahead, pick 0 was the guess, so pick 1 is the first proposal: never cut.
+        rest = self.runner.decode_greedy(ids, first, num_picks - 1, min_prob, int(ahead))
         if rest is None:
             return False
         for rid, token, picked in zip(ids, first, rest, strict=True):
@@ -581,17 +585,18 @@ class Drafter:
         distribution cut to its MAX_DRAFT_SUPPORT likeliest tokens (what travels); the draw
         is keyed by the proposal's absolute position, so a draft rebuilt from the log
         proposes the same. ``(None, None)`` where q's likeliest token is below
-        ``min_prob``: the proposals end here."""
+        ``min_prob`` and it is not the first proposal (``index`` 0): the proposals end here."""
+        cut = w.min_prob if index > 0 else 0.0
         if w.sampling.greedy:
             token = int(logits[-1].argmax())
-            if w.min_prob and float(torch.softmax(logits[-1].float(), -1)[token]) < w.min_prob:
+            if cut and float(torch.softmax(logits[-1].float(), -1)[token]) < cut:
                 return None, None
             return token, None
         seq = self._seqs[w.request_id]
         if seq.stream is None:
             seq.stream = w.sampling.random_stream(DRAFT_DOMAIN)
         q = SparseProbs.of(w.sampling.probs(logits[-1:])[0])
-        if w.min_prob and float(q.probs.max()) < w.min_prob:
+        if cut and float(q.probs.max()) < cut:
             return None, None
         # Ahead, the proposal's position counts the ahead_of tokens and the guess.
         position = seq.num_committed + (len(w.ahead_of) + 1 if w.ahead_of else 0) + index

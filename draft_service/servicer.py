@@ -46,7 +46,7 @@ def step_from_proto(msg: draft_pb2.DraftStepRequest, failed: dict[str, Exception
         kv_scales_version=msg.kv_scales_version,
         kv_scales=kv_table_from_proto(msg.kv_scales) if msg.HasField("kv_scales") else None,
         ingest=tuple(
-            IngestPlan(p.request_id, p.start_position, tuple(p.token_ids))
+            IngestPlan(p.request_id, p.start_position, tuple(p.token_ids), p.eager)
             for p in msg.ingest
             if p.request_id not in failed
         ),

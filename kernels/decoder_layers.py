@@ -58,6 +58,7 @@ class _Greedy(ctypes.Structure):
         ("kv_rows", _P),
         ("kv_lens", _P),
         ("min_prob", _F32),
+        ("min_prob_from", _I32),
         ("num_picks", _P),
     ]
 
@@ -186,14 +187,16 @@ class DecoderLayers:
         step: NativeStep,
         head: GreedyHead,
         min_prob: float = 0.0,
+        min_prob_from: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy decoding in one C call: each of the batch's sequences feeds its token of
         ``tokens [B]`` (int64), picks the argmax of the head's logits, and feeds that next,
         ``steps`` times; returns the picks ``[steps, B]`` and how many each kept ``[B]``:
-        a sequence stops before its first pick whose probability is below ``min_prob``
-        (its later rows are not picks). ``positions``, ``step.kv_rows`` and
-        ``step.kv_lens`` hold one row per forward (``[steps, B]``, ``[steps, 2 B]``,
-        ``[steps, B]``); the page tables cover every forward's tokens."""
+        a sequence stops before its first pick whose probability is below ``min_prob``,
+        the first ``min_prob_from`` picks excepted (its later rows are not picks).
+        ``positions``, ``step.kv_rows`` and ``step.kv_lens`` hold one row per forward
+        (``[steps, B]``, ``[steps, 2 B]``, ``[steps, B]``); the page tables cover every
+        forward's tokens."""
         s = self.shape
         steps, batch = positions.shape
         if tokens.dtype != torch.int64 or tokens.shape != (batch,):
@@ -213,7 +216,7 @@ class DecoderLayers:
             steps, head.embed.data_ptr(), head.norm.data_ptr(), head.eps, head.head.data_ptr(),
             rows, None if head.token_ids is None else head.token_ids.data_ptr(),
             positions.data_ptr(), step.kv_rows.data_ptr(), step.kv_lens.data_ptr(),
-            min_prob, num_picks.data_ptr(),
+            min_prob, min_prob_from, num_picks.data_ptr(),
         )  # fmt: skip
         status = self._greedy(
             self._table, self.num_layers, ctypes.byref(spec), ctypes.byref(greedy),

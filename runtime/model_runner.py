@@ -211,13 +211,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode_greedy(
-        self, seq_ids: list[str], tokens: list[int], steps: int, min_prob: float = 0.0
+        self,
+        seq_ids: list[str],
+        tokens: list[int],
+        steps: int,
+        min_prob: float = 0.0,
+        min_prob_from: int = 0,
     ) -> list[list[int]] | None:
         """Greedy decoding with no Python between forwards: each sequence feeds its token
         of ``tokens``, then the argmax of its logits, ``steps`` times, in one C call
         (``DecoderLayers.greedy``: the kernels ``extend`` runs, so the tokens ``extend``
         and argmax would pick). Returns each sequence's picks: ``steps`` of them, or fewer
-        where one's probability fell below ``min_prob`` (the picks before it); a sequence
+        where one's probability fell below ``min_prob`` (the picks before it; the first
+        ``min_prob_from`` picks are kept whatever their probability); a sequence
         then holds as many more tokens as it has picks (its token, then every pick but the
         last). None, with nothing changed, where the C loop does not apply (PyTorch path,
         FP8 KV cache, reference attention). Errors as ``extend``'s, all-or-nothing."""
@@ -231,7 +237,9 @@ class ModelRunner:
         self.cache.reserve(seq_ids, [steps] * len(seq_ids))
         start = time.perf_counter()
         try:
-            picked = self._greedy_forward(layers, head, seq_ids, tokens, steps, old_lens, min_prob)
+            picked = self._greedy_forward(
+                layers, head, seq_ids, tokens, steps, old_lens, (min_prob, min_prob_from)
+            )
         except BaseException:
             self._truncate_to(seq_ids, old_lens)
             raise
@@ -247,7 +255,7 @@ class ModelRunner:
             self.cache.truncate(seq_id, length)
 
     def _greedy_forward(
-        self, layers, head, seq_ids, tokens, steps, old_lens, min_prob
+        self, layers, head, seq_ids, tokens, steps, old_lens, cut: tuple[float, int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         batch = len(seq_ids)
         meta = build_attention_metadata(self.cache, seq_ids, [steps] * batch)
@@ -272,7 +280,7 @@ class ModelRunner:
         )
         first = torch.tensor(tokens, dtype=torch.int64)
         return layers.greedy(
-            first, by_forward(meta.positions), rope.cos, rope.sin_signed, step, head, min_prob
+            first, by_forward(meta.positions), rope.cos, rope.sin_signed, step, head, *cut
         )
 
     def _validate(self, chunks: list[SequenceChunk]) -> None:

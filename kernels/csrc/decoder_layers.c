@@ -108,9 +108,11 @@ struct specdec_greedy {
     /* [steps][batch], [steps][2 batch], [steps][batch] */
     const int64_t *positions, *kv_rows, *kv_lens;
     /* A sequence stops picking at the first pick whose probability (softmax over the
-     * head's logits) is below min_prob (0: never); num_picks [batch] gets how many picks
-     * each kept. The loop ends once every sequence has stopped. */
+     * head's logits) is below min_prob (0: never), picks before min_prob_from excepted;
+     * num_picks [batch] gets how many picks each kept. The loop ends once every sequence
+     * has stopped. */
     float min_prob;
+    int min_prob_from;
     int64_t *num_picks;
 };
 
@@ -150,7 +152,7 @@ int specdec_greedy_decode(const struct specdec_layer *layers, int num_layers,
                 const int64_t best_id = g->head_ids ? g->head_ids[best] : best;
                 if (row[r] > row[best] || (row[r] == row[best] && id < best_id)) best = r;
             }
-            if (g->min_prob > 0.0f) {
+            if (g->min_prob > 0.0f && t >= g->min_prob_from) {
                 double sum = 0.0;
                 for (int r = 0; r < g->head_rows; ++r) sum += exp((double)(row[r] - row[best]));
                 if (1.0 / sum < (double)g->min_prob) {

@@ -119,6 +119,25 @@ def test_k0_step_still_ingests_committed_tokens():
         assert r.num_draft_cached == r.num_tokens - 1  # behind by the token just committed
 
 
+def test_ingest_is_eager_only_for_requests_the_batch_size_drafts_for():
+    # The draft computes a prefill beside the target's only where the request will be
+    # proposed for; at K = 0 batch sizes, or capped at K = 0, its tokens wait (lazy).
+    s = make_scheduler('{"num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 2, 0]]}')
+    a = make_request("a", 4)
+    s.add(a)
+    plan = s.schedule()
+    assert [(p.request.request_id, p.eager) for p in plan.ingest] == [("a", True)]
+    apply(plan)
+    s.add(make_request("b", 4))
+    s.add(make_request("c", 4, k_cap=0))
+    plan = s.schedule()
+    assert plan.batch_size == 3 and plan.k == 0
+    assert [p.eager for p in plan.ingest] == [False, False, False]
+    one = make_scheduler('{"num_speculative_tokens": 3}')
+    one.add(make_request("d", 4, k_cap=0))
+    assert [p.eager for p in one.schedule().ingest] == [False]
+
+
 def test_request_cap_lowers_k():
     s = make_scheduler('{"num_speculative_tokens": 4}')
     r = make_request("a", 4, k_cap=1)

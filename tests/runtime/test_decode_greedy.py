@@ -113,3 +113,18 @@ def test_min_prob_stops_each_sequence_before_its_first_unlikely_pick(tiny_checkp
         assert native.seq_len(seq_id) == len(prompt) + cut
         stepwise.truncate(seq_id, len(prompt) + cut)
     assert torch.equal(next_logits(native, got), next_logits(stepwise, got))
+
+
+def test_min_prob_from_keeps_the_first_picks_whatever_their_probability(tiny_model_path):
+    stepwise, native = runner_for(tiny_model_path), runner_for(tiny_model_path)
+    first = prefill(stepwise)
+    prefill(native)
+    picks, probs = one_forward_at_a_time(stepwise, first)
+    assert all(ps[0] < 0.9999 for ps in probs)  # every first pick would be cut
+    assert native.decode_greedy(list(PROMPTS), first, STEPS, 0.9999) == [[], []]
+    kept = native.decode_greedy(list(PROMPTS), first, STEPS, 0.9999, min_prob_from=1)
+    assert kept == [p[:1] for p in picks]
+    for seq_id, prompt in PROMPTS.items():
+        assert native.seq_len(seq_id) == len(prompt) + 1  # the fed token; the pick is not
+        stepwise.truncate(seq_id, len(prompt) + 1)
+    assert torch.equal(next_logits(native, kept), next_logits(stepwise, kept))

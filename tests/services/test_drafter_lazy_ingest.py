@@ -1,5 +1,6 @@
 """K = 0 steps cost the draft no forward (lazy ingest), and its proposals after a long
-K = 0 stretch are those of eager ingest and of a draft rebuilt from the log."""
+K = 0 stretch are those of eager ingest and of a draft rebuilt from the log; an ingest plan
+marked eager (a prefill the coordinator drafts after) is computed in its own step."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ class CountingRunner:
         self.fed_tokens += sum(len(c.token_ids) for c in chunks)
         return self._runner.extend(chunks)
 
-    def decode_greedy(self, seq_ids, tokens, steps, min_prob=0.0):
-        picks = self._runner.decode_greedy(seq_ids, tokens, steps, min_prob)
+    def decode_greedy(self, seq_ids, tokens, steps, min_prob=0.0, min_prob_from=0):
+        picks = self._runner.decode_greedy(seq_ids, tokens, steps, min_prob, min_prob_from)
         self.fed_tokens += 0 if picks is None else len(tokens)
         return picks
 
@@ -98,3 +99,24 @@ def test_a_request_finished_during_k0_never_costs_a_forward(make_runner):
     assert drafter.num_committed("r") == len(log) and drafter.runner.seq_len("r") == 0
     assert drafter.release(["r"]) == 1
     assert drafter.runner.fed_tokens == 0
+
+
+def test_an_eager_plan_is_computed_in_its_step_and_changes_no_proposal(make_runner):
+    # A prefill at a batch size that drafts: the draft computes the prompt beside the
+    # target's prefill, so the first proposal feeds one token, not the whole prompt.
+    def first_proposal(eager: bool) -> tuple[list[int], CountingRunner]:
+        runner = CountingRunner(make_runner())
+        drafter = Drafter(runner)
+        drafter.step(DraftStep(ingest=(IngestPlan("r", 0, tuple(PROMPT), eager),)))
+        fed_in_prefill = runner.fed_tokens
+        assert drafter.runner.seq_len("r") == (len(PROMPT) if eager else 0)
+        step = DraftStep(
+            ingest=(IngestPlan("r", len(PROMPT), (42,)),), propose=(ProposeEntry("r", 4),)
+        )
+        (proposal,) = drafter.step(step).proposals
+        return proposal.token_ids, runner.fed_tokens - fed_in_prefill
+
+    eager, fed_after_eager = first_proposal(True)
+    lazy, fed_after_lazy = first_proposal(False)
+    assert eager == lazy and len(eager) == 4
+    assert fed_after_lazy - fed_after_eager == len(PROMPT)  # the prompt, fed earlier

@@ -1,7 +1,8 @@
 """``ProposeEntry.min_prob`` (llama.cpp's --draft-p-min): the draft's proposals end before
-the first one it gives a probability below the threshold. They are then exactly the first
-proposals of an uncut draft, and the draft's cache stays in step with the log: the next
-step proposes what a draft rebuilt from the log proposes."""
+the first one after the first it gives a probability below the threshold (the first is
+always proposed). They are then exactly the first proposals of an uncut draft, and the
+draft's cache stays in step with the log: the next step proposes what a draft rebuilt from
+the log proposes."""
 
 from __future__ import annotations
 
@@ -54,8 +55,8 @@ def test_cut_proposals_are_a_prefix_and_the_next_step_matches_a_rebuilt_draft(
     cuts = {}
     for low, high in zip(ranked, ranked[1:], strict=False):
         threshold = (low + high) / 2
-        cut = next(i for i, p in enumerate([*probs, 0.0]) if p < threshold)
-        if 0 < cut < K and high - low > 1e-4:
+        cut = next(i for i, p in enumerate([*probs, 0.0]) if i and p < threshold)
+        if cut < K and high - low > 1e-4:
             cuts.setdefault(cut, threshold)
     assert 1 in cuts, f"no threshold leaves one proposal: {probs}"
     for cut, threshold in cuts.items():
@@ -78,9 +79,17 @@ def check_cut(make_runner, kv, sampling, uncut, threshold, cut) -> None:
     assert drafter.runner.seq_len("r") == rebuilt.runner.seq_len("r")
 
 
-def test_a_first_proposal_below_the_threshold_leaves_none(make_runner):
+@pytest.mark.parametrize(("kv", "sampling"), CASES, ids=IDS)
+def test_a_first_proposal_below_the_threshold_is_proposed_alone(make_runner, kv, sampling):
+    # Its forward is paid already and the target verifies one more token almost for free.
+    uncut = propose(Drafter(make_runner(kv_cache_dtype=kv)), tuple(PROMPT), 0, sampling)
+    threshold = 0.999
+    assert pick_probs(make_runner, kv, sampling, uncut)[0] < threshold
+    check_cut(make_runner, kv, sampling, uncut, threshold, 1)
+
+
+def test_min_prob_must_be_below_one(make_runner):
     drafter = Drafter(make_runner(kv_cache_dtype="auto"))
-    proposal = propose(drafter, tuple(PROMPT), 0, Sampling(), min_prob=0.999)
-    assert proposal.token_ids == []
+    propose(drafter, tuple(PROMPT), 0, Sampling())
     result = drafter.step(DraftStep(propose=(ProposeEntry("r", K, min_prob=1.0),)))
     assert "min_prob" in str(result.failed["r"])
