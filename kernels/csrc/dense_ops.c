@@ -259,66 +259,77 @@ static float *widen_buffer(size_t floats) {
     return buffer;
 }
 
-#define LINEAR_16(SUFFIX, ATTRIBUTES, TARGET, WTYPE, WIDEN, TILE)                                \
-    static inline __attribute__((always_inline)) TARGET void linear_tile_##SUFFIX(              \
-        const int rows, const float *restrict x, int64_t ldx, const WTYPE *restrict block,     \
-        const float *bias, const float *residual, int64_t ldr, float *restrict y, int64_t ldy, \
-        int K) {                                                                                \
-        for (int m = 0; m < rows; ++m)                                                          \
-            for (int n = 0; n < LINEAR_COLS; ++n)                                               \
-                y[m * ldy + n] =                                                                \
-                    (residual ? residual[m * ldr + n] : 0.0f) + (bias ? bias[n] : 0.0f);        \
-        for (int k0 = 0; k0 < K; k0 += LINEAR_DEPTH) {                                         \
-            const int k1 = K - k0 < LINEAR_DEPTH ? K : k0 + LINEAR_DEPTH;                       \
-            float part[LINEAR_ROWS_WIDE][LINEAR_COLS] = {{0.0f}};                               \
-            for (int k = k0; k < k1; ++k) {                                                     \
-                const WTYPE *restrict w16 = block + (int64_t)k * LINEAR_COLS;                   \
-                __builtin_prefetch(w16 + 2 * LINEAR_PREFETCH * LINEAR_COLS);                    \
-                float w[LINEAR_COLS];                                                           \
-                WIDEN(w16, w);                                                                  \
-                for (int m = 0; m < rows; ++m) {                                                \
-                    const float xv = x[m * ldx + k];                                            \
-                    _Pragma("omp simd") for (int n = 0; n < LINEAR_COLS; ++n)                   \
-                        part[m][n] += xv * w[n];                                                \
-                }                                                                               \
-            }                                                                                   \
-            for (int m = 0; m < rows; ++m)                                                      \
-                _Pragma("omp simd") for (int n = 0; n < LINEAR_COLS; ++n)                       \
-                    y[m * ldy + n] += part[m][n];                                               \
-        }                                                                                       \
-    }                                                                                           \
-    ATTRIBUTES TARGET                                                                           \
-    void linear_blocks_##SUFFIX(void *ctx, int64_t first, int64_t end) {                        \
-        const struct linear_args *a = ctx;                                                      \
-        const int K = a->K, N = a->N, tile = (TILE);                                            \
-        float *wide = a->M >= WIDEN_ONCE_ROWS ? widen_buffer((size_t)K * LINEAR_COLS) : NULL;        \
-        for (int64_t n0 = first * LINEAR_COLS; n0 < end * LINEAR_COLS; n0 += LINEAR_COLS) {    \
-            const WTYPE *block = (const WTYPE *)a->packed + n0 * K;                             \
-            if (wide) {                                                                         \
-                for (int k = 0; k < K; ++k)                                                     \
-                    WIDEN(block + (int64_t)k * LINEAR_COLS, wide + (int64_t)k * LINEAR_COLS);   \
-                linear_rows(a, wide, n0);                                                       \
-                continue;                                                                       \
-            }                                                                                   \
-            for (int64_t m0 = 0; m0 < a->M; m0 += tile) {                                       \
-                const int64_t rows = a->M - m0 < tile ? a->M - m0 : tile;                       \
-                const float *xr = a->x + m0 * a->ldx;                                           \
-                const float *b = a->bias ? a->bias + n0 : NULL;                                 \
-                const float *res = a->residual ? a->residual + m0 * a->ldr + n0 : NULL;         \
-                float *yr = a->y + m0 * N + n0;                                                 \
-                const int64_t ldx = a->ldx, ldr = a->ldr;                                       \
-                switch (rows) {                                                                 \
-                case 8: linear_tile_##SUFFIX(8, xr, ldx, block, b, res, ldr, yr, N, K); break;  \
-                case 7: linear_tile_##SUFFIX(7, xr, ldx, block, b, res, ldr, yr, N, K); break;  \
-                case 6: linear_tile_##SUFFIX(6, xr, ldx, block, b, res, ldr, yr, N, K); break;  \
-                case 5: linear_tile_##SUFFIX(5, xr, ldx, block, b, res, ldr, yr, N, K); break;  \
-                case 4: linear_tile_##SUFFIX(4, xr, ldx, block, b, res, ldr, yr, N, K); break;  \
-                case 3: linear_tile_##SUFFIX(3, xr, ldx, block, b, res, ldr, yr, N, K); break;  \
-                case 2: linear_tile_##SUFFIX(2, xr, ldx, block, b, res, ldr, yr, N, K); break;  \
-                default: linear_tile_##SUFFIX(1, xr, ldx, block, b, res, ldr, yr, N, K); break; \
-                }                                                                               \
-            }                                                                                   \
-        }                                                                                       \
+/* The tiles and the column-block task of a linear over narrower weights (WTYPE, widened
+ * to float32 by WIDEN, TILE rows a tile); SCALED: each block ends with its columns' float32
+ * scales, which multiply every partial sum (int8, below). */
+#define LINEAR_NARROW(SUFFIX, ATTRIBUTES, TARGET, WTYPE, WIDEN, TILE, SCALED)                    \
+    static inline __attribute__((always_inline)) TARGET void linear_tile_##SUFFIX(               \
+        const int rows, const float *restrict x, int64_t ldx, const WTYPE *restrict block,       \
+        const float *restrict scale, const float *bias, const float *residual, int64_t ldr,      \
+        float *restrict y, int64_t ldy, int K) {                                                 \
+        for (int m = 0; m < rows; ++m)                                                           \
+            for (int n = 0; n < LINEAR_COLS; ++n)                                                \
+                y[m * ldy + n] =                                                                 \
+                    (residual ? residual[m * ldr + n] : 0.0f) + (bias ? bias[n] : 0.0f);         \
+        for (int k0 = 0; k0 < K; k0 += LINEAR_DEPTH) {                                           \
+            const int k1 = K - k0 < LINEAR_DEPTH ? K : k0 + LINEAR_DEPTH;                        \
+            float part[LINEAR_ROWS_WIDE][LINEAR_COLS] = {{0.0f}};                                \
+            for (int k = k0; k < k1; ++k) {                                                      \
+                const WTYPE *restrict wn = block + (int64_t)k * LINEAR_COLS;                     \
+                /* As many bytes ahead as float32's 2 x LINEAR_PREFETCH rows. */                 \
+                __builtin_prefetch(wn + 4 / sizeof(WTYPE) * LINEAR_PREFETCH * LINEAR_COLS);      \
+                float w[LINEAR_COLS];                                                            \
+                WIDEN(wn, w);                                                                    \
+                for (int m = 0; m < rows; ++m) {                                                 \
+                    const float xv = x[m * ldx + k];                                             \
+                    _Pragma("omp simd") for (int n = 0; n < LINEAR_COLS; ++n)                    \
+                        part[m][n] += xv * w[n];                                                 \
+                }                                                                                \
+            }                                                                                    \
+            for (int m = 0; m < rows; ++m)                                                       \
+                _Pragma("omp simd") for (int n = 0; n < LINEAR_COLS; ++n)                        \
+                    y[m * ldy + n] += SCALED ? part[m][n] * scale[n] : part[m][n];               \
+        }                                                                                        \
+    }                                                                                            \
+    ATTRIBUTES TARGET                                                                            \
+    void linear_blocks_##SUFFIX(void *ctx, int64_t first, int64_t end) {                         \
+        const struct linear_args *a = ctx;                                                       \
+        const int K = a->K, N = a->N, tile = (TILE);                                             \
+        /* A block's weights, then (SCALED) its LINEAR_COLS float32 scales. */                   \
+        const int64_t stride =                                                                   \
+            (int64_t)K * LINEAR_COLS + (SCALED ? LINEAR_COLS * sizeof(float) / sizeof(WTYPE) : 0); \
+        float *wide = !SCALED && a->M >= WIDEN_ONCE_ROWS                                         \
+                          ? widen_buffer((size_t)K * LINEAR_COLS)                                \
+                          : NULL;                                                                \
+        for (int64_t n0 = first * LINEAR_COLS; n0 < end * LINEAR_COLS; n0 += LINEAR_COLS) {      \
+            const WTYPE *block = (const WTYPE *)a->packed + n0 / LINEAR_COLS * stride;           \
+            const float *sc = SCALED ? (const float *)(block + (int64_t)K * LINEAR_COLS)         \
+                                     : NULL;                                                     \
+            if (wide) {                                                                          \
+                for (int k = 0; k < K; ++k)                                                      \
+                    WIDEN(block + (int64_t)k * LINEAR_COLS, wide + (int64_t)k * LINEAR_COLS);    \
+                linear_rows(a, wide, n0);                                                        \
+                continue;                                                                        \
+            }                                                                                    \
+            for (int64_t m0 = 0; m0 < a->M; m0 += tile) {                                        \
+                const int64_t rows = a->M - m0 < tile ? a->M - m0 : tile;                        \
+                const float *xr = a->x + m0 * a->ldx;                                            \
+                const float *b = a->bias ? a->bias + n0 : NULL;                                  \
+                const float *res = a->residual ? a->residual + m0 * a->ldr + n0 : NULL;          \
+                float *yr = a->y + m0 * N + n0;                                                  \
+                const int64_t ldx = a->ldx, ldr = a->ldr;                                        \
+                switch (rows) {                                                                  \
+                case 8: linear_tile_##SUFFIX(8, xr, ldx, block, sc, b, res, ldr, yr, N, K); break; \
+                case 7: linear_tile_##SUFFIX(7, xr, ldx, block, sc, b, res, ldr, yr, N, K); break; \
+                case 6: linear_tile_##SUFFIX(6, xr, ldx, block, sc, b, res, ldr, yr, N, K); break; \
+                case 5: linear_tile_##SUFFIX(5, xr, ldx, block, sc, b, res, ldr, yr, N, K); break; \
+                case 4: linear_tile_##SUFFIX(4, xr, ldx, block, sc, b, res, ldr, yr, N, K); break; \
+                case 3: linear_tile_##SUFFIX(3, xr, ldx, block, sc, b, res, ldr, yr, N, K); break; \
+                case 2: linear_tile_##SUFFIX(2, xr, ldx, block, sc, b, res, ldr, yr, N, K); break; \
+                default: linear_tile_##SUFFIX(1, xr, ldx, block, sc, b, res, ldr, yr, N, K);  \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
     }
 
 #define WIDEN_ROW(WIDEN_ONE)                                                                     \
@@ -328,8 +339,8 @@ static float *widen_buffer(size_t floats) {
 static inline __attribute__((always_inline)) void widen_row_bf16 WIDEN_ROW(widen_bf16)
 static inline __attribute__((always_inline)) void widen_row_f16 WIDEN_ROW(widen_f16)
 
-LINEAR_16(bf16, static SPECDEC_CLONES, , uint16_t, widen_row_bf16, tile_rows())
-LINEAR_16(f16_generic, static, , uint16_t, widen_row_f16, LINEAR_ROWS)
+LINEAR_NARROW(bf16, static SPECDEC_CLONES, , uint16_t, widen_row_bf16, tile_rows(), 0)
+LINEAR_NARROW(f16_generic, static, , uint16_t, widen_row_f16, LINEAR_ROWS, 0)
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
@@ -340,7 +351,7 @@ static inline __attribute__((always_inline)) F16C void widen_row_f16c(
     for (int n = 0; n < LINEAR_COLS; n += 8)
         _mm256_storeu_ps(out + n, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(in + n))));
 }
-LINEAR_16(f16c, static, F16C, uint16_t, widen_row_f16c, LINEAR_ROWS)
+LINEAR_NARROW(f16c, static, F16C, uint16_t, widen_row_f16c, LINEAR_ROWS, 0)
 
 /* The same with AVX-512's 32 registers: 16 floats a widening and LINEAR_ROWS_WIDE rows a
  * tile, so a verify step's rows share one pass over (and one widening of) the weights: a
@@ -352,7 +363,7 @@ static inline __attribute__((always_inline)) F16C_512 void widen_row_f16c_512(
     for (int n = 0; n < LINEAR_COLS; n += 16)
         _mm512_storeu_ps(out + n, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(in + n))));
 }
-LINEAR_16(f16c_512, static, F16C_512, uint16_t, widen_row_f16c_512, LINEAR_ROWS_WIDE)
+LINEAR_NARROW(f16c_512, static, F16C_512, uint16_t, widen_row_f16c_512, LINEAR_ROWS_WIDE, 0)
 
 static int has_f16c(void) {
     return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2") &&
@@ -388,71 +399,14 @@ void specdec_linear_f16(const float *x, int64_t ldx, const void *packed, const f
  * block is K x 32 int8 values followed by its 32 scales (128 bytes), a quarter of
  * float32's bytes. Each row's products with the widened integers are summed exactly as
  * above, and each LINEAR_DEPTH partial sum is scaled before it joins the total, so the
- * result is batch invariant too. Up to rounding it is x @ (q * scale): what PyTorch
- * computes with the dequantized weight. */
-#define LINEAR_I8(SUFFIX, ATTRIBUTES, TARGET, WIDEN, TILE)                                       \
-    static inline __attribute__((always_inline)) TARGET void tile_i8_##SUFFIX(           \
-        const int rows, const float *restrict x, int64_t ldx, const int8_t *restrict block,    \
-        const float *restrict scale, const float *bias, const float *residual, int64_t ldr,    \
-        float *restrict y, int64_t ldy, int K) {                                                \
-        for (int m = 0; m < rows; ++m)                                                          \
-            for (int n = 0; n < LINEAR_COLS; ++n)                                               \
-                y[m * ldy + n] =                                                                \
-                    (residual ? residual[m * ldr + n] : 0.0f) + (bias ? bias[n] : 0.0f);        \
-        for (int k0 = 0; k0 < K; k0 += LINEAR_DEPTH) {                                         \
-            const int k1 = K - k0 < LINEAR_DEPTH ? K : k0 + LINEAR_DEPTH;                       \
-            float part[LINEAR_ROWS_WIDE][LINEAR_COLS] = {{0.0f}};                               \
-            for (int k = k0; k < k1; ++k) {                                                     \
-                const int8_t *restrict w8 = block + (int64_t)k * LINEAR_COLS;                   \
-                __builtin_prefetch(w8 + 4 * LINEAR_PREFETCH * LINEAR_COLS);                     \
-                float w[LINEAR_COLS];                                                           \
-                WIDEN(w8, w);                                                                   \
-                for (int m = 0; m < rows; ++m) {                                                \
-                    const float xv = x[m * ldx + k];                                            \
-                    _Pragma("omp simd") for (int n = 0; n < LINEAR_COLS; ++n)                   \
-                        part[m][n] += xv * w[n];                                                \
-                }                                                                               \
-            }                                                                                   \
-            for (int m = 0; m < rows; ++m)                                                      \
-                _Pragma("omp simd") for (int n = 0; n < LINEAR_COLS; ++n)                       \
-                    y[m * ldy + n] += part[m][n] * scale[n];                                    \
-        }                                                                                       \
-    }                                                                                           \
-    ATTRIBUTES TARGET                                                                           \
-    void linear_blocks_i8_##SUFFIX(void *ctx, int64_t first, int64_t end) {                     \
-        const struct linear_args *a = ctx;                                                      \
-        const int K = a->K, N = a->N, tile = (TILE);                                            \
-        const int64_t bytes = (int64_t)K * LINEAR_COLS + LINEAR_COLS * (int64_t)sizeof(float);  \
-        for (int64_t b = first; b < end; ++b) {                                                 \
-            const int8_t *block = (const int8_t *)a->packed + b * bytes;                        \
-            const float *scale = (const float *)(block + (int64_t)K * LINEAR_COLS);             \
-            const int64_t n0 = b * LINEAR_COLS;                                                 \
-            for (int64_t m0 = 0; m0 < a->M; m0 += tile) {                                       \
-                const int64_t rows = a->M - m0 < tile ? a->M - m0 : tile;                       \
-                const float *xr = a->x + m0 * a->ldx;                                           \
-                const float *bi = a->bias ? a->bias + n0 : NULL;                                \
-                const float *res = a->residual ? a->residual + m0 * a->ldr + n0 : NULL;         \
-                float *yr = a->y + m0 * N + n0;                                                 \
-                const int64_t ldx = a->ldx, ldr = a->ldr;                                       \
-                switch (rows) {                                                                 \
-                case 8: tile_i8_##SUFFIX(8, xr, ldx, block, scale, bi, res, ldr, yr, N, K); break; \
-                case 7: tile_i8_##SUFFIX(7, xr, ldx, block, scale, bi, res, ldr, yr, N, K); break; \
-                case 6: tile_i8_##SUFFIX(6, xr, ldx, block, scale, bi, res, ldr, yr, N, K); break; \
-                case 5: tile_i8_##SUFFIX(5, xr, ldx, block, scale, bi, res, ldr, yr, N, K); break; \
-                case 4: tile_i8_##SUFFIX(4, xr, ldx, block, scale, bi, res, ldr, yr, N, K); break; \
-                case 3: tile_i8_##SUFFIX(3, xr, ldx, block, scale, bi, res, ldr, yr, N, K); break; \
-                case 2: tile_i8_##SUFFIX(2, xr, ldx, block, scale, bi, res, ldr, yr, N, K); break; \
-                default: tile_i8_##SUFFIX(1, xr, ldx, block, scale, bi, res, ldr, yr, N, K); break;\
-                }                                                                               \
-            }                                                                                   \
-        }                                                                                       \
-    }
-
+ * result is batch invariant too (LINEAR_NARROW with SCALED; never widened once for a whole
+ * block, which would have to fold the scales in). Up to rounding it is x @ (q * scale):
+ * what PyTorch computes with the dequantized weight. */
 static inline __attribute__((always_inline)) void widen_row_i8(const int8_t *restrict in,
                                                                float *restrict out) {
     for (int n = 0; n < LINEAR_COLS; ++n) out[n] = (float)in[n];
 }
-LINEAR_I8(generic, static SPECDEC_CLONES, , widen_row_i8, LINEAR_ROWS)
+LINEAR_NARROW(i8_generic, static SPECDEC_CLONES, , int8_t, widen_row_i8, LINEAR_ROWS, 1)
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 /* With AVX-512: 16 values widened by two instructions, one full-width store and load
@@ -466,7 +420,7 @@ static inline __attribute__((always_inline)) AVX512_I8 void widen_row_i8_512(
         _mm512_storeu_ps(out + n, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                                       _mm_loadu_si128((const __m128i *)(in + n)))));
 }
-LINEAR_I8(avx512, static, AVX512_I8, widen_row_i8_512, LINEAR_ROWS_WIDE)
+LINEAR_NARROW(i8_avx512, static, AVX512_I8, int8_t, widen_row_i8_512, LINEAR_ROWS_WIDE, 1)
 
 static specdec_task linear_blocks_i8(void) {
     return tile_rows() == LINEAR_ROWS_WIDE ? linear_blocks_i8_avx512 : linear_blocks_i8_generic;
