@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from smg.router_args import RouterArgs
 
 from coordinator.config import CoordinatorConfig, SpeculativeConfig
-from coordinator.launcher import DEFAULT_SPECULATIVE_CONFIG
+from coordinator.launcher import DEFAULT_SPECULATIVE_CONFIG, StackConfig
 from runtime.serving import ServiceConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,6 +79,9 @@ def test_model_service_command_parses_with_the_service_cli(services, name):
     assert config.device == "cpu"
     assert str(config.port) in [str(p) for p in service["expose"]]
     assert health_check(service)[1] == f"localhost:{config.port}"
+    # Weights as `specdec up` holds them: the draft's linears int8, the target's never.
+    quantization = StackConfig.draft_quantization if name == "draft" else "none"
+    assert config.quantization == quantization
 
 
 def test_coordinator_command_parses_and_points_at_the_model_services(services):

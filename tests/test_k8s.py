@@ -16,7 +16,7 @@ import yaml
 from smg.router_args import RouterArgs
 
 from coordinator.config import CoordinatorConfig, SpeculativeConfig
-from coordinator.launcher import DEFAULT_SPECULATIVE_CONFIG
+from coordinator.launcher import DEFAULT_SPECULATIVE_CONFIG, StackConfig
 from runtime.serving import ServiceConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,6 +104,9 @@ def test_commands_parse_with_the_services_clis():
         assert c["command"] == ["python", "-m", f"{name}_service"]
         service = ServiceConfig.from_args(name, argv(c, config))
         assert (ROOT / service.model / "config.json").is_file()
+        # Weights as `specdec up` holds them: the draft's linears int8, the target's never.
+        quantization = StackConfig.draft_quantization if name == "draft" else "none"
+        assert service.quantization == quantization
         # Native gRPC probes on the port the service listens on.
         assert c["livenessProbe"]["grpc"]["port"] == service.port
     coordinator = container(docs, "specdec-replica", "coordinator")
