@@ -133,6 +133,12 @@ class _Work:
             return 0
         return self.num_tokens + (1 if self.ahead_of else 0)
 
+    @property
+    def uncut_picks(self) -> int:
+        """Leading picks ``min_prob`` never cuts: the guess when ahead, and the first
+        proposal."""
+        return 2 if self.ahead_of else 1
+
 
 class Drafter:
     """Keeps one draft KV cache per request in sync with the committed log; proposes.
@@ -393,26 +399,26 @@ class Drafter:
         """The usual greedy step, a token to feed and then the picks, as ONE C call
         (``ModelRunner.decode_greedy`` from the fed token: the tokens and KV that ``_ingest``
         and ``_propose`` give) where every request fed this step is a greedy proposer with
-        one token to feed, all making as many picks under one ``min_prob``, which spares
-        the first pick (none with an ahead guess, whose first proposal is the second pick).
-        None, with nothing changed, where not."""
+        one token to feed, all making as many picks under one ``min_prob`` that spares as
+        many (``uncut_picks``). None, with nothing changed, where not."""
         fed = [w for w in work.values() if w.feed]
         if not fed or not self.runner.decodes_greedy_in_c:
             return None
-        picks, min_prob = fed[0].num_picks, fed[0].min_prob
+        picks, min_prob, uncut = fed[0].num_picks, fed[0].min_prob, fed[0].uncut_picks
         if not all(
             w.num_picks
             and len(w.feed) == 1
             and w.sampling.greedy
-            and (w.num_picks, w.min_prob) == (picks, min_prob)
-            and not (w.ahead_of and min_prob)
+            and (w.num_picks, w.min_prob, w.uncut_picks) == (picks, min_prob, uncut)
             for w in fed
         ):
             return None
         self._open_and_truncate(work, version)
         ids = [w.request_id for w in fed]
         try:
-            picked = self.runner.decode_greedy(ids, [w.feed[0] for w in fed], picks, min_prob, 1)
+            picked = self.runner.decode_greedy(
+                ids, [w.feed[0] for w in fed], picks, min_prob, uncut
+            )
         except BaseException:
             self.release(list(work))  # truncated sequences cannot be restored: re-sync them
             raise
@@ -557,19 +563,16 @@ class Drafter:
     ) -> bool:
         """Picks 1 onwards in one C call (``ModelRunner.decode_greedy``) when every request
         still picking is greedy and picks as many; False (nothing done) otherwise."""
-        min_prob, ahead = active[0].min_prob, bool(active[0].ahead_of)
+        min_prob, uncut = active[0].min_prob, active[0].uncut_picks
         if not all(
             w.sampling.greedy
-            and w.num_picks == num_picks
-            and w.min_prob == min_prob
-            and bool(w.ahead_of) == ahead
+            and (w.num_picks, w.min_prob, w.uncut_picks) == (num_picks, min_prob, uncut)
             for w in active
         ):
             return False
         ids = [w.request_id for w in active]
         first = [tokens[rid][-1] for rid in ids]
-        # Ahead, pick 0 was the guess, so pick 1 is the first proposal: never cut.
-        rest = self.runner.decode_greedy(ids, first, num_picks - 1, min_prob, int(ahead))
+        rest = self.runner.decode_greedy(ids, first, num_picks - 1, min_prob, uncut - 1)
         if rest is None:
             return False
         for rid, token, picked in zip(ids, first, rest, strict=True):

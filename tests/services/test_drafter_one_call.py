@@ -55,10 +55,12 @@ def run(drafter: Drafter, make_runner) -> list[tuple]:
     commits = {
         a.request_id: (*p.token_ids, a.guessed_token_id) for p, a in zip(second, ahead, strict=True)
     }
-    step(
+    # Ahead again, unsure: min_prob spares the guess and the first proposal only.
+    cut = step(
         [ingest(rid, tokens) for rid, tokens in commits.items()],
-        [ProposeEntry(a.request_id, K, ahead_of=tuple(a.token_ids)) for a in ahead],
+        [ProposeEntry(a.request_id, K, ahead_of=tuple(a.token_ids), min_prob=0.999) for a in ahead],
     )
+    assert [len(p.token_ids) for p in cut] == [1, 1]
     # A first pick below min_prob is proposed all the same, and alone.
     (unsure,) = step([ingest("r", (5,))], [ProposeEntry("r", K, min_prob=0.999)])
     assert len(unsure.token_ids) == 1
