@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+from grpc_health.v1 import health_pb2
 from opentelemetry import trace
 
 from coordinator.config import CoordinatorConfig
@@ -455,16 +456,20 @@ class Engine:
             return None
         return {r.request_id: r for r in response.results}
 
-    async def watch_target(self, on_change: Callable[[bool], Awaitable[None]]) -> None:
-        """Probes the target (``GetInfo``) every second and keeps ``target_available``;
-        calls ``on_change`` when it flips. Runs until cancelled."""
+    async def watch_target(
+        self, target_health: Any, on_change: Callable[[bool], Awaitable[None]]
+    ) -> None:
+        """Checks the target's gRPC health (``target_health``, a ``grpc.health.v1`` stub) every
+        second and keeps ``target_available``; calls ``on_change`` when it flips. Health
+        answers beside the model's work, so a long step (a big prefill, a target shared by
+        replicas) does not read as an outage. Runs until cancelled."""
+        request = health_pb2.HealthCheckRequest()  # the server as a whole
         reported = True
         while True:
             await asyncio.sleep(_TARGET_PROBE_INTERVAL)
             try:
-                request = common_pb2.InfoRequest()
-                await self._call(self.target.GetInfo, request, _TARGET_PROBE_INTERVAL, ())
-                available = True
+                reply = await self._call(target_health.Check, request, _TARGET_PROBE_INTERVAL, ())
+                available = reply.status == health_pb2.HealthCheckResponse.SERVING
             except (grpc.RpcError, asyncio.TimeoutError):
                 available = False
             self.target_available = available

@@ -51,6 +51,8 @@ class FakeTarget:
         self.entry_errors: dict[str, tuple[str, str]] = {}  # request -> (code, message)
         self.metadata: list[dict[str, str]] = []  # gRPC metadata of each Verify
         self.delay = delay
+        # Model work, GetInfo's included, runs one call at a time, as on the real service.
+        self.model_thread = asyncio.Lock()
 
     def token_at(self, n: int) -> int:
         return self.override.get(n, next_token(n))
@@ -59,7 +61,8 @@ class FakeTarget:
         self.requests.append(request)
         self.metadata.append(dict(metadata or ()))
         if self.delay:
-            await asyncio.sleep(self.delay)
+            async with self.model_thread:
+                await asyncio.sleep(self.delay)
         if self.errors:
             raise self.errors.pop(0)
         results = []
@@ -112,7 +115,8 @@ class FakeTarget:
         return common_pb2.ReleaseResponse(num_released=len(request.request_ids))
 
     async def GetInfo(self, request, timeout=None, metadata=None, wait_for_ready=None):
-        return model_info()
+        async with self.model_thread:
+            return model_info()
 
 
 class FakeDraft:

@@ -16,6 +16,7 @@ from coordinator_fakes import (
     next_token,
 )
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from coordinator.config import CoordinatorConfig
@@ -30,10 +31,15 @@ from protos.specdec.v1 import (
 
 
 @contextlib.asynccontextmanager
-async def stack(draft: FakeDraft, target: FakeTarget, **config):
+async def stack(
+    draft: FakeDraft, target: FakeTarget, services_health: HealthServicer | None = None, **config
+):
+    """A coordinator over the fakes, both served by one server whose gRPC health is
+    ``services_health`` (SERVING unless the test sets it)."""
     services = grpc.aio.server()
     draft_pb2_grpc.add_DraftServiceServicer_to_server(DraftServicer(draft), services)
     target_pb2_grpc.add_TargetServiceServicer_to_server(TargetServicer(target), services)
+    health_pb2_grpc.add_HealthServicer_to_server(services_health or HealthServicer(), services)
     draft_port = services.add_insecure_port("127.0.0.1:0")
     # One server can serve both services; give the target its own port anyway.
     target_port = services.add_insecure_port("127.0.0.1:0")
@@ -55,6 +61,13 @@ async def stack(draft: FakeDraft, target: FakeTarget, **config):
             await server.stop(0)
     finally:
         await services.stop(0)
+
+
+HealthServicer = aio.HealthServicer
+SERVING, NOT_SERVING = (
+    health_pb2.HealthCheckResponse.SERVING,
+    health_pb2.HealthCheckResponse.NOT_SERVING,
+)
 
 
 def byte_tokenizer_file(tmp_path) -> str:
@@ -159,3 +172,41 @@ def test_vocab_mismatch_between_draft_and_target_is_a_startup_error():
 
     with pytest.raises(RuntimeError, match="vocab size"):
         asyncio.run(scenario())
+
+
+def test_a_long_target_step_is_no_outage_but_a_target_not_serving_is():
+    # One step takes 4 s; GetInfo waits behind it, so only the target's gRPC health can
+    # tell the coordinator, within its 1 s probe deadline, that the target is there.
+    target_health = HealthServicer()
+    prompt = coordinator_pb2.TokenIds(ids=[1, 2, 3])
+
+    async def scenario():
+        async with stack(FakeDraft(), FakeTarget(delay=4.0), target_health) as (stub, ch):
+            own_health = health_pb2_grpc.HealthStub(ch)
+
+            async def health() -> int:
+                return (await own_health.Check(health_pb2.HealthCheckRequest())).status
+
+            async def becomes(status: int) -> bool:
+                for _ in range(50):
+                    if await health() == status:
+                        return True
+                    await asyncio.sleep(0.1)
+                return False
+
+            call = stub.Generate(coordinator_pb2.GenerateRequest(token_ids=prompt, max_tokens=1))
+            await asyncio.sleep(3.0)  # two probes into the step
+            assert await health() == SERVING
+            assert [m async for m in call][-1].finish_reason == "length"
+            await target_health.set("", NOT_SERVING)
+            went_down = await becomes(NOT_SERVING)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                async for _ in stub.Generate(coordinator_pb2.GenerateRequest(token_ids=prompt)):
+                    pass
+            await target_health.set("", SERVING)
+            return went_down, refused.value, await becomes(SERVING)
+
+    went_down, refused, came_back = asyncio.run(scenario())
+    assert went_down and came_back
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE
+    assert "not answering" in refused.details()
