@@ -186,12 +186,11 @@ class CoordinatorServer:
         health_servicer: health.aio.HealthServicer,
         channels: list[grpc.aio.Channel],
     ) -> None:
-        """``channels[0]`` is the target's: the engine watches its gRPC health."""
+        """``channels[0]`` is the target's (the engine watches its gRPC health)."""
         self.server = server
         self.engine = engine
         self.health = health_servicer
         self.channels = channels
-        self.target_health = health_pb2_grpc.HealthStub(channels[0])
         self._watch: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -199,7 +198,9 @@ class CoordinatorServer:
         self.engine.start()
         await self._set_health(True)
         self._watch = asyncio.get_running_loop().create_task(
-            self.engine.watch_target(self.target_health, self._on_target_change)
+            self.engine.watch_target(
+                health_pb2_grpc.HealthStub(self.channels[0]), self._on_target_change
+            )
         )
 
     async def _set_health(self, serving: bool) -> None:
