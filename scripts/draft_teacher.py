@@ -201,6 +201,21 @@ def generate(
 
 
 @torch.inference_mode()
+def cached_answers(path: Path, prompts: list[list[int]]) -> list[TeacherSequence]:
+    """The answers cached in ``path`` (none if it does not exist), checked to answer the
+    first of ``prompts`` in order, so that a resumed run only adds to them."""
+    if not path.is_file():
+        return []
+    data: list[TeacherSequence] = torch.load(path, weights_only=False)
+    for i, seq in enumerate(data):
+        if i >= len(prompts) or seq.token_ids[: seq.prompt_len] != prompts[i]:
+            raise SystemExit(
+                f"{path}: cached answer {i} is not the answer to this run's prompt {i} (the "
+                "prompts changed since it was made); delete it to generate afresh"
+            )
+    return data
+
+
 def agreement_with_runtime(teacher: Teacher, runner: ModelRunner, data) -> float:
     """Share of positions where the bfloat16 teacher's argmax equals the project's float32
     runtime's (what greedy verification compares with)."""

@@ -27,6 +27,9 @@ One reproducible recipe (fixed seeds; config, package versions and timings logge
    (also run by ``scripts/fetch_models.py``), then FP8 KV scales are calibrated.
 
 Usage: ``python scripts/train_draft.py [--gen-minutes 40] [--train-minutes 55] [--num-layers 6]``.
+``--init-from DIR`` trains a draft saved before further (its layers and head as they are) on
+all the teacher data, the cached answers plus those this run adds, with a fresh warm-up and
+cosine schedule to ``--lr``; ``train_log.json`` records the run it continues.
 """
 
 from __future__ import annotations
@@ -44,7 +47,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from draft_prompts import build_prompts
-from draft_teacher import Teacher, TeacherSequence, agreement_with_runtime, generate
+from draft_teacher import (
+    Teacher,
+    TeacherSequence,
+    agreement_with_runtime,
+    cached_answers,
+    generate,
+)
 from fetch_models import DRAFT_DIR, MODEL_DIR, calibrate_kv_scales, complete_draft
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -86,7 +95,7 @@ class Recipe:
     head_size: int = 6144
     num_val_sequences: int = 16
     batch_tokens: int = 4096
-    lr: float = 6e-4
+    lr: float = 6e-4  # peak; a continued draft (``--init-from``) warms up again to it
     prompt_weight: float = 0.3
     ce_weight: float = 0.5
     train_minutes: float = 55.0
@@ -112,7 +121,7 @@ def teacher_data(
 
     Cached in ``path`` after every batch; a later run resumes after the cached answers with
     a fresh budget, so the data is the same as one run with the summed budget."""
-    data: list[TeacherSequence] = torch.load(path, weights_only=False) if path.is_file() else []
+    data = cached_answers(path, prompts)
     if data:
         log(f"resuming teacher data {path}: {len(data)} answers cached")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -184,6 +193,21 @@ def build_draft(config: dict, target: dict[str, torch.Tensor], layers: tuple[int
     model.load_state_dict(state, strict=True)
     model.model.embed_tokens.weight.requires_grad_(False)
     return model
+
+
+def load_draft(path: Path, target: dict[str, torch.Tensor]):
+    """``(config, model, layers, log)`` of a draft this script saved (``--init-from``), in
+    float32, to train on with its head and layers as they are."""
+    config = json.loads((path / "config.json").read_text())
+    previous = json.loads((path / "train_log.json").read_text())
+    layers = tuple(previous["layers_from_target"])
+    model = build_draft(config, target, layers)
+    own = load_file(path / DRAFT_WEIGHTS)
+    own = {k: v.float() for k, v in own.items() if not k.endswith(("k_scale", "v_scale"))}
+    missing, unexpected = model.load_state_dict(own, strict=False)
+    if missing != ["model.embed_tokens.weight"] or unexpected:
+        raise SystemExit(f"{path}: not a draft of this recipe ({missing=}, {unexpected=})")
+    return config, model, layers, previous
 
 
 class Batches:
@@ -378,6 +402,11 @@ def main() -> None:
     parser.add_argument("--num-layers", type=int, choices=sorted(LAYER_CANDIDATES),
                         default=Recipe.num_layers)  # fmt: skip
     parser.add_argument("--head-size", type=int, default=Recipe.head_size)
+    parser.add_argument("--lr", type=float, default=Recipe.lr)
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="continue training the draft saved in this folder (its layers and "
+                        "head) on all the teacher data, instead of starting from the target's "
+                        "layers")  # fmt: skip
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     recipe = Recipe(
@@ -386,6 +415,7 @@ def main() -> None:
         gen_batch=args.gen_batch,
         num_layers=args.num_layers,
         head_size=args.head_size,
+        lr=args.lr,
     )
     torch.set_num_threads(args.threads)
     torch.manual_seed(recipe.seed)
@@ -412,24 +442,32 @@ def main() -> None:
     del runner, teacher
     log(f"the bfloat16 teacher's argmax is the float32 runtime's at {teacher_agreement:.4f}")
 
-    target_config = json.loads((MODEL_DIR / "config.json").read_text())
-    special = sorted({0, 1, 2, *tokenizer.all_special_ids})
-    head_ids = head_token_ids(train_seqs, recipe.head_size, special)
-    config = draft_config(target_config, head_ids, recipe.num_layers)
+    target = load_file(MODEL_DIR / "model.safetensors")
+    previous = None
+    if args.init_from:
+        config, model, layers, previous = load_draft(args.init_from, target)
+        head_ids = config["head_token_ids"]
+        log(f"continuing {args.init_from}: layers {layers}, best {previous['train']['best']}")
+    else:
+        target_config = json.loads((MODEL_DIR / "config.json").read_text())
+        special = sorted({0, 1, 2, *tokenizer.all_special_ids})
+        head_ids = head_token_ids(train_seqs, recipe.head_size, special)
+        config = draft_config(target_config, head_ids, recipe.num_layers)
     head = torch.tensor(head_ids)
-    to_head = torch.full((target_config["vocab_size"],), -1, dtype=torch.int64)
+    to_head = torch.full((config["vocab_size"],), -1, dtype=torch.int64)
     to_head[head] = torch.arange(len(head))
     answers = [t for s in data for t in s.token_ids[s.prompt_len :]]
     coverage = sum(int(to_head[t] >= 0) for t in answers) / len(answers)
     log(f"head covers {coverage:.4f} of the target's answer tokens")
 
-    target = load_file(MODEL_DIR / "model.safetensors")
     val_batches = list(Batches(val_data, to_head, recipe).epoch(random.Random(0)))
-    t0 = time.time()
-    layers, layer_scores = pick_layers(config, target, val_batches, head, recipe)
-    timings["layer_pick_minutes"] = round((time.time() - t0) / 60, 2)
-    log(f"layers {layers} chosen")
-    model = build_draft(config, target, layers)
+    layer_scores = None
+    if previous is None:
+        t0 = time.time()
+        layers, layer_scores = pick_layers(config, target, val_batches, head, recipe)
+        timings["layer_pick_minutes"] = round((time.time() - t0) / 60, 2)
+        log(f"layers {layers} chosen")
+        model = build_draft(config, target, layers)
     del target
     train_log = train(model, Batches(train_seqs, to_head, recipe), val_batches, head, recipe)
     timings["train_minutes"] = train_log["minutes"]
@@ -444,6 +482,13 @@ def main() -> None:
     timings["save_minutes"] = round((time.time() - t0) / 60, 2)
     timings["total_minutes"] = round((time.time() - t_start) / 60, 1)
     packages = ("torch", "transformers", "tokenizers", "safetensors")
+    continued_from = previous and {
+        "dir": str(args.init_from),
+        "recipe": previous["recipe"],
+        "num_teacher_sequences": previous["num_teacher_sequences"],
+        "train": {k: previous["train"][k] for k in ("steps", "epochs", "minutes", "best")},
+        "earlier": previous.get("continued_from"),
+    }
     report = {
         "recipe": asdict(recipe),
         "python": sys.version.split()[0],
@@ -459,6 +504,7 @@ def main() -> None:
         "head_coverage_of_answer_tokens": round(coverage, 4),
         "layers_from_target": list(layers),
         "layer_candidates_initial_validation": layer_scores,
+        "continued_from": continued_from,
         "train": train_log,
         "timings": timings,
     }

@@ -14,7 +14,7 @@ from runtime_helpers import greedy, prefill
 from sampling_stats import categorical_fit_pvalue, rank_categories
 
 from runtime import ModelRunner
-from scripts.draft_teacher import Teacher, generate, top_k
+from scripts.draft_teacher import Teacher, TeacherSequence, cached_answers, generate, top_k
 
 PROMPTS = [[5, 17, 42, 99, 3], [7, 8], [200, 11, 12, 13, 14, 15, 16, 30, 31]]
 
@@ -54,3 +54,14 @@ def test_sampled_first_tokens_follow_the_tempered_distribution(models):
     tokens = torch.tensor([s.token_ids[len(prompt)] for s in seqs])
     expected, observed = rank_categories(probs.expand(num, -1), tokens, num_bins=12)
     assert categorical_fit_pvalue(expected, observed) > 1e-3
+
+
+def test_a_resumed_run_keeps_only_a_cache_that_answers_its_prompts(tmp_path):
+    path = tmp_path / "teacher.pt"
+    assert cached_answers(path, PROMPTS) == []
+    top = torch.zeros(len(PROMPTS[1]) + 1, 1, dtype=torch.int32)
+    answer = TeacherSequence(PROMPTS[1] + [4, 9], len(PROMPTS[1]), False, top, top.half())
+    torch.save([answer], path)
+    assert [s.token_ids for s in cached_answers(path, PROMPTS[1:])] == [answer.token_ids]
+    with pytest.raises(SystemExit, match="cached answer 0 is not the answer to this run's"):
+        cached_answers(path, PROMPTS)
