@@ -548,15 +548,29 @@ class Drafter:
                     )
                     continue
                 self.runner.truncate(rid, held + a)
-                seq.tail = [*ahead[:a], guess]
-                first = self.runner.extend([SequenceChunk(rid, [guess])])[0]
-                branch = _Work(rid, num_tokens=w.num_tokens, min_prob=w.min_prob)
-                (proposal,) = self._propose([branch], {rid: first})
-                proposals.append(Proposal(rid, proposal.token_ids, None, guess, ahead_accepted=a))
+                seq.tail = list(ahead[:a])
+                picks = self._branch_picks(w, guess)
+                proposals.append(Proposal(rid, picks, None, guess, ahead_accepted=a))
         except BaseException:
             self.release([rid])  # half-made branches cannot be restored: re-sync it
             raise
         return proposals[::-1]
+
+    def _branch_picks(self, w: _Work, guess: int) -> list[int]:
+        """A branch's proposals after its guess, the guess fed first: one C call, the
+        guess then the picks (the first never cut by ``min_prob``), where the runner has
+        the C loop; else a forward for the guess and the picks as ``_propose`` makes them.
+        The sequence's tail gains the fed tokens either way."""
+        rid, seq = w.request_id, self._seqs[w.request_id]
+        picked = self.runner.decode_greedy([rid], [guess], w.num_tokens, w.min_prob, 1)
+        if picked is not None:
+            seq.tail += [guess, *picked[0]][: len(picked[0])]
+            return picked[0]
+        seq.tail.append(guess)
+        first = self.runner.extend([SequenceChunk(rid, [guess])])[0]
+        branch = _Work(rid, num_tokens=w.num_tokens, min_prob=w.min_prob)
+        (proposal,) = self._propose([branch], {rid: first})
+        return proposal.token_ids
 
     def _greedy_rest(
         self, active: list[_Work], num_picks: int, tokens: dict[str, list[int]]

@@ -127,17 +127,19 @@ def branch_outcomes(branches, ahead_of) -> list[tuple[int, ...]]:
     ]  # fmt: skip
 
 
-def proposes_after(make_runner, log, committed, entry: ProposeEntry) -> list[int]:
+def proposes_after(make_runner, log, committed, entry: ProposeEntry, **runner) -> list[int]:
     """What a draft that ingests ``log`` then ``committed`` proposes for ``entry``."""
-    plain = Drafter(make_runner(num_pages=256))
+    plain = Drafter(make_runner(num_pages=256, **runner))
     step(plain, [IngestPlan("r", 0, tuple(log))])
     (after,) = step(plain, [IngestPlan("r", len(log), committed)], [entry]).proposals
     return after.token_ids
 
 
 @pytest.mark.parametrize("min_prob", [0.0, 0.3])
-def test_each_branch_proposes_as_a_draft_that_saw_its_commit(make_runner, min_prob):
-    piped = Drafter(make_runner())
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"], ids=["c-loop", "forwards"])
+def test_each_branch_proposes_as_a_draft_that_saw_its_commit(make_runner, min_prob, kv_cache_dtype):
+    runner = {"kv_cache_dtype": kv_cache_dtype}  # float32 KV: branches run in the C loop
+    piped = Drafter(make_runner(**runner))
     (first,) = step(
         piped, [IngestPlan("r", 0, tuple(PROMPT))], [ProposeEntry("r", K, min_prob=min_prob)]
     ).proposals
@@ -149,15 +151,16 @@ def test_each_branch_proposes_as_a_draft_that_saw_its_commit(make_runner, min_pr
     for branch, committed in zip(branches, branch_outcomes(branches, ahead_of), strict=True):
         if branch.ahead_accepted is not None:  # a rejection's correction
             assert branch.guessed_token_id != ahead_of[branch.ahead_accepted]
-        assert branch.token_ids == proposes_after(make_runner, PROMPT, committed, plain_entry)
+        want = proposes_after(make_runner, PROMPT, committed, plain_entry, **runner)
+        assert branch.token_ids == want
     # The draft goes on from whichever branch the commit follows, as a rebuilt draft does.
     for branch, committed in zip(branches, branch_outcomes(branches, ahead_of), strict=True):
         ahead_entry = ProposeEntry("r", K, ahead_of=tuple(branch.token_ids), min_prob=min_prob)
-        kept = Drafter(make_runner())
+        kept = Drafter(make_runner(**runner))
         step(kept, [IngestPlan("r", 0, tuple(PROMPT))])
         step(kept, propose=[entry])
         result = step(kept, [IngestPlan("r", len(PROMPT), committed)], [ahead_entry])
-        rebuilt = Drafter(make_runner())
+        rebuilt = Drafter(make_runner(**runner))
         want = step(rebuilt, [IngestPlan("r", 0, (*PROMPT, *committed))], [ahead_entry])
         assert [(p.token_ids, p.guessed_token_id) for p in result.proposals] == [
             (p.token_ids, p.guessed_token_id) for p in want.proposals
