@@ -39,14 +39,15 @@ REAL_DRAFT = MODELS_DIR / "smollm2-draft"
 TINY_TARGET = MODELS_DIR / "target"
 TINY_DRAFT = MODELS_DIR / "draft"
 BANNER = re.compile(r"listening on (\S+):(\d+)\s*$")
-# One row per batch-size range (vLLM's format): K=6 for a request alone, none from two on.
-# On a CPU the target's cost grows with the tokens it verifies, and from batch 2 on the
-# multi-step target-only schedule (8 forwards a Verify) outran every K measured (README).
+# One row per batch-size range (vLLM's format): K=6 for a request alone, 4 for two, none
+# from three on. On a CPU the target's cost grows with the tokens it verifies: K = 4 at
+# batch 2 ran the default pair 1.23-1.27x target-only, and from batch 3 on the multi-step
+# target-only schedule (8 forwards a Verify) kept up with every K measured (README).
 # Prompt lookup first (vLLM's ngram keys): the default pair's chat answers quote their
 # prompts, and a copied proposal is accepted 2.5 tokens in 5 where its draft manages 1.5;
 # the tiny pair's draft beats lookup (5.1 against 3.8), so compose and k8s leave it out.
 DEFAULT_SPECULATIVE_CONFIG = (
-    '{"num_speculative_tokens_per_batch_size": [[1, 1, 6], [2, 1024, 0]], '
+    '{"num_speculative_tokens_per_batch_size": [[1, 1, 6], [2, 2, 4], [3, 1024, 0]], '
     '"prompt_lookup_min": 3, "prompt_lookup_max": 4}'
 )
 

@@ -109,7 +109,7 @@ def test_speculative_config_is_the_dynamic_k_table(services):
     rows = spec.num_speculative_tokens_per_batch_size
     assert rows == default.num_speculative_tokens_per_batch_size  # one schedule
     assert spec.prompt_lookup == (0, 0)  # the tiny pair's draft beats prompt lookup
-    assert [spec.k_for_batch_size(bs) for bs in (1, 2, 16, 2000)] == [6, 0, 0, 0]
+    assert [spec.k_for_batch_size(bs) for bs in (1, 2, 3, 16, 2000)] == [6, 4, 0, 0, 0]
 
 
 def test_coordinator_starts_only_after_target_and_draft_are_healthy(services):

@@ -142,7 +142,7 @@ def test_bad_requests_are_4xx_with_a_message(real_stack, client, kwargs, words):
 
 
 def test_two_replicas_share_one_draft(prompt_ids, tokenizer):
-    # K = 3 at every batch size: the default schedule drafts at batch 1 only, and eight
+    # K = 3 at every batch size: the default schedule drafts at batch 1 and 2 only, and eight
     # requests over two replicas run in batches.
     spec = '{"num_speculative_tokens": 3}'
     with running_stack(replicas=2, gateway_port=free_port(), speculative_config=spec) as stack:
