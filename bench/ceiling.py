@@ -146,11 +146,10 @@ def main(argv: list[str] | None = None) -> None:
     if not acceptance:
         parser.error(f"{args.bench_json} measured no drafts: run the bench with K > 0 at batch 1")
     ks = list(range(1, len(acceptance) + 1))
-    context = args.context
     runner = ModelRunner.from_pretrained(args.target_model)
     report = {}
     for batch, row in bench.items():
-        base_s, verify_s = time_forwards(runner, int(batch), ks, context, args.repeats)
+        base_s, verify_s = time_forwards(runner, int(batch), ks, args.context, args.repeats)
         rows = {
             k: ceilings(
                 int(batch), k, acceptance, verify_s[k], base_s, row["target_only_decode_tok_s"],
@@ -161,11 +160,11 @@ def main(argv: list[str] | None = None) -> None:
         best = max(ks, key=lambda k: rows[k]["bench_ceiling"])
         report[batch] = {"best_k": best, **rows[best], "by_k": rows}
     if args.json:
-        print(json.dumps({"context": context, "acceptance": acceptance, "batch": report}))
+        print(json.dumps({"context": args.context, "acceptance": acceptance, "batch": report}))
         return
     print(
-        f"target {args.target_model}, {args.threads} thread(s), context {context}; acceptance "
-        f"per position {acceptance}; slack at the bars {bars}"
+        f"target {args.target_model}, {args.threads} thread(s), context {args.context}; "
+        f"acceptance per position {acceptance}; slack at the bars {bars}"
     )
     print(f"{'batch':>5} {'K':>3} {'E(K)':>6} {'verify ms':>10} {'t-o fwd ms':>11} "
           f"{'forward ceiling':>16} {'bench ceiling':>14} {'slack ms':>9}")  # fmt: skip

@@ -41,8 +41,9 @@ TINY_DRAFT = MODELS_DIR / "draft"
 BANNER = re.compile(r"listening on (\S+):(\d+)\s*$")
 # One row per batch-size range (vLLM's format): K=6 for a request alone, 4 for two, none
 # from three on. On a CPU the target's cost grows with the tokens it verifies: K = 4 at
-# batch 2 ran the default pair 1.23-1.27x target-only, and from batch 3 on the multi-step
-# target-only schedule (8 forwards a Verify) kept up with every K measured (README).
+# batch 2 ran the default pair 1.23-1.27x target-only; at batch 3 it gained the default
+# pair 3-6 % but cost the tiny pair (compose, k8s: one schedule) 11-15 % against the
+# multi-step target-only schedule (8 forwards a Verify), and more from batch 4 (README).
 # Prompt lookup first (vLLM's ngram keys): the default pair's chat answers quote their
 # prompts, and a copied proposal is accepted 2.5 tokens in 5 where its draft manages 1.5;
 # the tiny pair's draft beats lookup (5.1 against 3.8), so compose and k8s leave it out.
