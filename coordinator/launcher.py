@@ -242,6 +242,10 @@ class Stack:
 
     def _spawn_model(self, service: str, name: str, model: str, port: int) -> ServiceProcess:
         """The ``service`` ("target" or "draft") as a process named ``name``."""
+        return self.spawn(name, self.model_argv(service, model, port))
+
+    def model_argv(self, service: str, model: str, port: int) -> list[str]:
+        """The command line of the ``service`` ("target" or "draft") serving ``model``."""
         c = self.config
         if service == "target":
             threads, dtype, quantization = c.target_num_threads, c.dtype, "none"
@@ -255,7 +259,7 @@ class Stack:
         ]  # fmt: skip
         if c.tls_ca:  # mutual TLS on the internal hops
             argv += ["--tls-cert", c.tls_cert, "--tls-key", c.tls_key, "--tls-ca", c.tls_ca]
-        return self.spawn(name, argv)
+        return argv
 
     def start(self) -> Stack:
         c = self.config

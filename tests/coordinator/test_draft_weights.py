@@ -47,8 +47,7 @@ def test_the_shipped_drafts():
 
 
 def service_argv(config: StackConfig, service: str, model: str) -> list[str]:
-    stack = Stack(config)
-    return stack._spawn_model(service, service, model, 0).argv
+    return Stack(config).model_argv(service, model, 0)  # builds it; starts nothing
 
 
 def flag(argv: list[str], name: str) -> str:
