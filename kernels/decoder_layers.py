@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.gguf_ops import GGUFWeight
 from kernels.native import load_library
 
 _P, _I32, _I64, _F32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
@@ -69,15 +70,17 @@ class GreedyHead:
     (packed like the layers' linears; ``token_ids`` maps its rows to vocabulary ids when
     it covers part of the vocabulary), after the embedding table that feeds the layers."""
 
-    embed: torch.Tensor  # float32 [vocab, hidden]
+    embed: torch.Tensor | GGUFWeight  # float32 [vocab, hidden], or GGUF blocks
     norm: torch.Tensor  # float32 [hidden]
     eps: float
-    head: torch.Tensor  # packed [rows / 32, hidden, 32]
+    head: torch.Tensor | GGUFWeight  # packed [rows / 32, hidden, 32], or GGUF blocks
     token_ids: torch.Tensor | None  # int64 [rows]
 
 
-# The packed linears' dtype -> csrc/decoder_layers.c's weight_kind.
+# The packed linears' dtype -> csrc/decoder_layers.c's weight_kind; GGUF_KIND: every linear
+# (and the embedding) a GGUFWeight.
 WEIGHT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3}
+GGUF_KIND = 4
 LINEARS = ("qkv", "o_proj", "gate_up", "down")
 
 
@@ -123,12 +126,17 @@ class DecoderLayers:
     points at."""
 
     def __init__(self, shape: Shape, layers: list[dict[str, torch.Tensor | None]]) -> None:
-        weight_dtype = layers[0]["qkv"].dtype if layers else torch.float32
-        if weight_dtype not in WEIGHT_KINDS:
+        gguf = bool(layers) and isinstance(layers[0]["qkv"], GGUFWeight)
+        weight_dtype = "gguf" if gguf else layers[0]["qkv"].dtype if layers else torch.float32
+        if not gguf and weight_dtype not in WEIGHT_KINDS:
             raise ValueError(f"no C loop for {weight_dtype} linears")
         for i, layer in enumerate(layers):
             for name in LAYER_TENSORS:
                 tensor = layer[name]
+                if name in LINEARS and gguf:
+                    if not isinstance(tensor, GGUFWeight):
+                        raise ValueError(f"layer {i} {name} must be a GGUFWeight like the rest")
+                    continue
                 dtype = weight_dtype if name in LINEARS else torch.float32
                 if tensor is not None and (
                     tensor.dtype != dtype or not tensor.is_cpu or not tensor.is_contiguous()
@@ -138,14 +146,14 @@ class DecoderLayers:
                 if layer[name] is None:
                     raise ValueError(f"layer {i} has no {name}")
         self.shape = shape
-        self.weight_kind = WEIGHT_KINDS[weight_dtype]
+        self.weight_kind = GGUF_KIND if gguf else WEIGHT_KINDS[weight_dtype]
         self.num_layers = len(layers)
         self._tensors = layers
         table = (_Layer * len(layers))()
         for entry, layer in zip(table, layers, strict=True):
             for name in LAYER_TENSORS:
                 tensor = layer[name]
-                setattr(entry, name, None if tensor is None else tensor.data_ptr())
+                setattr(entry, name, None if tensor is None else _address(tensor))
         self._table = table
         self._kernel = load_library().specdec_decoder_layers
         self._greedy = load_library().specdec_greedy_decode
@@ -203,9 +211,14 @@ class DecoderLayers:
             raise ValueError(f"tokens must be int64 [{batch}]")
         if step.kv_rows.shape != (steps, 2 * batch) or step.kv_lens.shape != (steps, batch):
             raise ValueError("the step's KV rows or lengths do not match [steps, batch]")
-        if head.head.dtype != next(d for d, k in WEIGHT_KINDS.items() if k == self.weight_kind):
+        if self.weight_kind == GGUF_KIND:
+            if not isinstance(head.head, GGUFWeight) or not isinstance(head.embed, GGUFWeight):
+                raise ValueError("the head and the embedding must be GGUF blocks like the layers")
+            rows = head.head.out_features
+        elif head.head.dtype != next(d for d, k in WEIGHT_KINDS.items() if k == self.weight_kind):
             raise ValueError("the head must be packed in the layers' dtype")
-        rows = head.head.shape[0] * head.head.shape[2]
+        else:
+            rows = head.head.shape[0] * head.head.shape[2]
         out = torch.empty(steps, batch, dtype=torch.int64)
         hidden = torch.empty(batch, s.hidden, dtype=torch.float32)
         scratch = torch.empty(batch * s.scratch_floats_per_token, dtype=torch.float32)
@@ -213,7 +226,7 @@ class DecoderLayers:
         num_picks = torch.empty(batch, dtype=torch.int64)
         spec = self._step(batch, positions[0], cos, sin_signed, step)
         greedy = _Greedy(
-            steps, head.embed.data_ptr(), head.norm.data_ptr(), head.eps, head.head.data_ptr(),
+            steps, _address(head.embed), head.norm.data_ptr(), head.eps, _address(head.head),
             rows, None if head.token_ids is None else head.token_ids.data_ptr(),
             positions.data_ptr(), step.kv_rows.data_ptr(), step.kv_lens.data_ptr(),
             min_prob, min_prob_from, num_picks.data_ptr(),
@@ -236,6 +249,10 @@ class DecoderLayers:
             step.page_indices.data_ptr(), step.qo_indptr.shape[0] - 1, step.page_size,
             self.weight_kind,
         )  # fmt: skip
+
+
+def _address(weight: torch.Tensor | GGUFWeight) -> int:
+    return weight.address if isinstance(weight, GGUFWeight) else weight.data_ptr()
 
 
 def _check(status: int) -> None:

@@ -40,6 +40,10 @@ CFLAGS = (
     "-ffp-contract=fast",
 )
 
+# Per file, after CFLAGS: the GGUF linears keep float32's order of operations (a
+# reassociated dequantisation or sum would differ between row counts: no batch invariance).
+SOURCE_CFLAGS = {"gguf_ops.c": ("-fno-associative-math", "-fno-reciprocal-math")}
+
 _P, _I32, _I64, _F32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 # The exported functions: name -> argument types (all return int or nothing).
 SIGNATURES: dict[str, list[type]] = {
@@ -55,8 +59,11 @@ SIGNATURES: dict[str, list[type]] = {
             "specdec_linear_bf16",
             "specdec_linear_f16",
             "specdec_linear_i8",
+            "specdec_linear_gguf",
         )
     },
+    "specdec_gguf_rows": [_P, _P, _I64, _I32, _P],
+    "specdec_gguf_set_isa": [_I32],
     "specdec_decoder_layers": [_P, _I32, _P, _P, _P],
     "specdec_greedy_decode": [_P, _I32, *[_P] * 7],
     "specdec_set_num_threads": [_I32],
@@ -66,6 +73,7 @@ RETURNS_STATUS = {
     "specdec_decoder_layers",
     "specdec_greedy_decode",
     "specdec_set_num_threads",
+    "specdec_gguf_set_isa",
 }
 
 
@@ -89,6 +97,7 @@ def build_library(compiler: str, folder: Path = CSRC) -> Path:
     inputs = sorted([*sources, *folder.glob("*.h")])
     parts = [p.name.encode() + p.read_bytes() for p in inputs]
     parts += [compiler.encode(), *map(str.encode, CFLAGS), platform.machine().encode()]
+    parts += [f"{name}:{' '.join(flags)}".encode() for name, flags in SOURCE_CFLAGS.items()]
     key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     target = cache_dir() / f"specdec_kernels-{key}.so"
     if target.exists():
@@ -100,7 +109,7 @@ def build_library(compiler: str, folder: Path = CSRC) -> Path:
         objects = [str(Path(scratch) / f"{src.stem}.o") for src in sources]
         partial = str(Path(scratch) / target.name)
         commands = [
-            [compiler, *CFLAGS, "-c", str(src), "-o", obj]
+            [compiler, *CFLAGS, *SOURCE_CFLAGS.get(src.name, ()), "-c", str(src), "-o", obj]
             for src, obj in zip(sources, objects, strict=True)
         ]
         commands.append([compiler, "-shared", "-pthread", *objects, "-o", partial, "-lm"])

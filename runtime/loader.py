@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from runtime.gguf_file import KV_SCALES_FILE, GGUFCheckpoint, is_gguf
 from runtime.kv_scales import KVScaleTable
-from runtime.model import CausalLM, Linear
+from runtime.model import CausalLM, GGUFEmbedding, Linear
 from runtime.model_config import ModelConfig
 
 # checkpoint module name -> (packed module name, shard id)
@@ -47,11 +48,22 @@ def iterate_checkpoint(folder: str | Path) -> Iterator[tuple[str, torch.Tensor]]
 
 
 def build_model(
-    config: ModelConfig, max_positions: int, dtype: torch.dtype, device: str | torch.device
+    config: ModelConfig,
+    max_positions: int,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    without_linears: bool = False,
 ) -> CausalLM:
-    """An uninitialised model (weights are garbage until ``load_weights``)."""
+    """An uninitialised model (weights are garbage until ``load_weights``);
+    ``without_linears``: no memory for the linears' and the embedding's float weights (a
+    GGUF file's blocks take their place)."""
     with torch.device("meta"):
         model = CausalLM(config, max_positions)
+    if without_linears:
+        for module in model.modules():
+            if isinstance(module, Linear):
+                module.weight = None
+        model.model.embed_tokens = torch.nn.Identity()
     model = model.to_empty(device=device).to(dtype)
     model.model.rotary_emb.init_buffers(device)
     return model
@@ -119,6 +131,49 @@ def _expected_names(model: CausalLM) -> Iterator[str]:
                 yield full
 
 
+def load_gguf_weights(model: CausalLM, checkpoint: GGUFCheckpoint) -> None:
+    """The GGUF's linears and embedding as GGUF blocks (q/k/v and gate/up stacked, a tied
+    head sharing the embedding's), every other tensor as float32 parameters."""
+    params = dict(model.named_parameters())
+    for name, tensor in checkpoint.tensors.items():
+        if name in params:
+            if tuple(params[name].shape) != tensor.shape:
+                raise ValueError(f"{name}: expected {tuple(params[name].shape)}, got {tensor.shape}")
+            params[name].data.copy_(checkpoint.float_tensor(name))
+        elif name.endswith(".bias"):  # q/k/v biases: a packed linear's bias shards
+            module_name, _, _ = name.rpartition(".")
+            parent, _, leaf = module_name.rpartition(".")
+            packed, shard = PACKED_MODULES_MAPPING.get(leaf, (leaf, ""))
+            linear = model.get_submodule(f"{parent}.{packed}")
+            linear.load("bias", checkpoint.float_tensor(name), shard)
+    embedding = checkpoint.gguf_weight(["model.embed_tokens.weight"])
+    model.model.embed_tokens = GGUFEmbedding(embedding)
+    tied = "lm_head.weight" not in checkpoint.tensors
+    model.lm_head.hold_gguf(embedding if tied else checkpoint.gguf_weight(["lm_head.weight"]))
+    for i, layer in enumerate(model.model.layers):
+        p = f"model.layers.{i}."
+        attn, mlp = layer.self_attn, layer.mlp
+        stacks = {
+            attn.qkv_proj: ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+            attn.o_proj: ["self_attn.o_proj"],
+            mlp.gate_up_proj: ["mlp.gate_proj", "mlp.up_proj"],
+            mlp.down_proj: ["mlp.down_proj"],
+        }
+        for linear, names in stacks.items():
+            linear.hold_gguf(checkpoint.gguf_weight([f"{p}{n}.weight" for n in names]))
+    model.finalize()
+
+
+def gguf_kv_scales(path: Path) -> dict[tuple[int, str], float]:
+    """The FP8 KV scales in ``kv_scales.json`` beside a GGUF file (none without one)."""
+    scales_file = path.parent / KV_SCALES_FILE
+    if not scales_file.is_file():
+        return {}
+    table = KVScaleTable.load(scales_file)
+    pairs = enumerate(zip(table.k_scale, table.v_scale, strict=True))
+    return {key: value for i, (k, v) in pairs for key, value in (((i, "k"), k), ((i, "v"), v))}
+
+
 def load_model(
     path: str | Path,
     config: ModelConfig,
@@ -126,7 +181,13 @@ def load_model(
     dtype: torch.dtype,
     device: str | torch.device,
 ) -> tuple[CausalLM, dict[tuple[int, str], float]]:
-    """Build and load the model in ``path``; returns it (eval mode) and its KV scales."""
+    """Build and load the model in ``path`` (a Hugging Face folder, a GGUF file or a folder
+    holding one); returns it (eval mode) and its KV scales."""
+    if is_gguf(path):
+        checkpoint = GGUFCheckpoint(path)
+        model = build_model(config, max_positions, dtype, device, without_linears=True)
+        load_gguf_weights(model, checkpoint)
+        return model.eval(), gguf_kv_scales(checkpoint.path)
     model = build_model(config, max_positions, dtype, device)
     kv_scales = load_weights(model, iterate_checkpoint(path))
     return model.eval(), kv_scales

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import dense_ops
+from kernels import dense_ops, gguf_ops
 from kernels.decoder_layers import DecoderLayers, GreedyHead, Shape
 from kernels.huge_pages import into_huge_pages
 from runtime.context import ForwardContext
@@ -47,7 +47,8 @@ class Linear(nn.Module):
     A packed linear stacks several checkpoint matrices along the output dimension:
     ``shards`` maps a shard id to ``(offset, size)`` and ``load`` takes the shard id.
     With the CPU kernels on, the weight is held in ``dense_ops``' column-block layout
-    (``packed_weight``) instead; ``weight_in_out`` gives ``[in, out]`` either way.
+    (``packed_weight``) instead, or, loaded from a GGUF file, in its block formats
+    (``gguf_weight``, ``kernels.gguf_ops``); ``weight_in_out`` gives ``[in, out]`` either way.
     """
 
     def __init__(self, in_features: int, out_features: int | dict[str, int], bias: bool) -> None:
@@ -58,10 +59,27 @@ class Linear(nn.Module):
         for shard_id, size in sizes.items():
             self.shards[shard_id] = (offset, size)
             offset += size
+        self.in_features, self.out_features = in_features, offset
         self.weight = nn.Parameter(torch.empty(in_features, offset))
         self.bias = nn.Parameter(torch.empty(offset)) if bias else None
         # The weight in kernels.dense_ops' packed layout instead (use_cpu_kernels).
         self.register_buffer("packed_weight", None, persistent=False)
+        self.gguf_weight: gguf_ops.GGUFWeight | None = None
+
+    def hold_gguf(self, weight: gguf_ops.GGUFWeight) -> None:
+        """Hold the weight as GGUF blocks (``[out, in]`` with every shard stacked)."""
+        if (weight.in_features, weight.out_features) != (self.in_features, self.out_features):
+            raise ValueError(
+                f"expected [{self.out_features}, {self.in_features}], got "
+                f"[{weight.out_features}, {weight.in_features}]"
+            )
+        self.gguf_weight = weight
+        self.weight = None
+
+    @property
+    def kernel_weight(self) -> torch.Tensor | gguf_ops.GGUFWeight | None:
+        """What the C kernels multiply by: the packed or the GGUF weight (None: neither)."""
+        return self.packed_weight if self.gguf_weight is None else self.gguf_weight
 
     def load(self, param_name: str, tensor: torch.Tensor, shard_id: str = "") -> None:
         """Copy a checkpoint ``weight [size, in]`` or ``bias [size]`` into its shard."""
@@ -82,7 +100,13 @@ class Linear(nn.Module):
     def use_cpu_kernels(self, enabled: bool, weight_dtype: torch.dtype = torch.float32) -> None:
         """Hold the weight packed for ``kernels.dense_ops.linear`` (enabled, when the
         output width packs; stored as ``weight_dtype``) or as the float32 ``[in, out]``
-        parameter; never both at once."""
+        parameter; never both at once. A GGUF weight stays as it is with the kernels on and
+        becomes its dequantised float32 values without them."""
+        if self.gguf_weight is not None:
+            if not enabled:
+                self.weight = nn.Parameter(dequantize_gguf(self.gguf_weight).t().contiguous())
+                self.gguf_weight = None
+            return
         if enabled and self.packed_weight is None:
             if self.weight.shape[1] % dense_ops.LINEAR_COLS == 0:
                 weight = self.weight.detach()
@@ -100,12 +124,16 @@ class Linear(nn.Module):
 
     def weight_in_out(self) -> torch.Tensor:
         """The weight as ``[in, out]``, however it is held."""
+        if self.gguf_weight is not None:
+            return dequantize_gguf(self.gguf_weight).t()
         if self.packed_weight is None:
             return self.weight
         return dense_ops.unpack_linear_weight(self.packed_weight)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ weight (+ bias) (+ residual)``; the residual add rides in the matmul."""
+        if self.gguf_weight is not None:
+            return gguf_ops.linear(x, self.gguf_weight, self.bias, residual)
         if self.packed_weight is not None:
             return dense_ops.linear(x, self.packed_weight, self.bias, residual)
         if residual is None:
@@ -114,6 +142,26 @@ class Linear(nn.Module):
             return torch.addmm(self.bias, x, self.weight)
         out = torch.addmm(residual, x, self.weight)
         return out if self.bias is None else out.add_(self.bias)
+
+
+def dequantize_gguf(weight: gguf_ops.GGUFWeight) -> torch.Tensor:
+    """float32 ``[out, in]``: by the C kernels where they build, else ``gguf.quants``."""
+    if dense_ops.library_loads():
+        return weight.dequantize()
+    from runtime.gguf_file import reference_dequantize
+
+    return reference_dequantize(weight)
+
+
+class GGUFEmbedding(nn.Module):
+    """An embedding table kept in GGUF blocks: a lookup dequantises only the rows it reads."""
+
+    def __init__(self, weight: gguf_ops.GGUFWeight) -> None:
+        super().__init__()
+        self.gguf_weight = weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.gguf_weight.rows(input_ids)
 
 
 class Attention(nn.Module):
@@ -225,7 +273,7 @@ class DecoderModel(nn.Module):
     def build_native_layers(self, config: ModelConfig) -> DecoderLayers | None:
         """The C loop over this model's layers, or None unless every linear is packed."""
         linears = [m for m in self.layers.modules() if isinstance(m, Linear)]
-        if not self.cpu_kernels or any(m.packed_weight is None for m in linears):
+        if not self.cpu_kernels or any(m.kernel_weight is None for m in linears):
             return None
         shape = Shape(
             hidden=config.hidden_size,
@@ -242,15 +290,15 @@ class DecoderModel(nn.Module):
             layers.append(
                 {
                     "input_norm": layer.input_layernorm.weight.detach(),
-                    "qkv": attn.qkv_proj.packed_weight,
+                    "qkv": attn.qkv_proj.kernel_weight,
                     "qkv_bias": _detached(attn.qkv_proj.bias),
                     "qk_norm": attn.qk_norm_weight if attn.qk_norm else None,
-                    "o_proj": attn.o_proj.packed_weight,
+                    "o_proj": attn.o_proj.kernel_weight,
                     "o_bias": _detached(attn.o_proj.bias),
                     "post_norm": layer.post_attention_layernorm.weight.detach(),
-                    "gate_up": mlp.gate_up_proj.packed_weight,
+                    "gate_up": mlp.gate_up_proj.kernel_weight,
                     "gate_up_bias": _detached(mlp.gate_up_proj.bias),
-                    "down": mlp.down_proj.packed_weight,
+                    "down": mlp.down_proj.kernel_weight,
                     "down_bias": _detached(mlp.down_proj.bias),
                 }
             )
@@ -286,14 +334,15 @@ class CausalLM(nn.Module):
     def greedy_head(self) -> GreedyHead | None:
         """What the C greedy loop (``DecoderLayers.greedy``) needs past the layers; None
         unless the layers run in C and the head is packed."""
-        if self.model.native_layers is None or self.lm_head.packed_weight is None:
+        if self.model.native_layers is None or self.lm_head.kernel_weight is None:
             return None
         norm = self.model.norm
+        embed = self.model.embed_tokens
         return GreedyHead(
-            embed=self.model.embed_tokens.weight.detach(),
+            embed=embed.gguf_weight if isinstance(embed, GGUFEmbedding) else embed.weight.detach(),
             norm=norm.weight.detach(),
             eps=norm.eps,
-            head=self.lm_head.packed_weight,
+            head=self.lm_head.kernel_weight,
             token_ids=self.head_token_ids,
         )
 
@@ -313,7 +362,9 @@ class CausalLM(nn.Module):
         as int8 with a scale per output column (``dense_ops.quantize_int8``, a quarter of
         float32's bytes); without the C kernels their weights become those dequantized
         values, so both paths run the same quantized model."""
-        on = enabled and dense_ops.available(self.model.embed_tokens.weight)
+        on = enabled and dense_ops.available(self.model.norm.weight)
+        if self.holds_gguf and not on:
+            self._dequantize_gguf_embedding()
         if on and weight_dtype != torch.float32:
             with torch.no_grad():
                 for param in self.parameters():
@@ -328,17 +379,46 @@ class CausalLM(nn.Module):
             elif hasattr(module, "cpu_kernels"):
                 module.cpu_kernels = on
         # Every step streams the packed weights: on huge pages (see kernels.huge_pages).
-        packed = [m for m in self.modules() if isinstance(m, Linear)]
-        packed = [m for m in packed if m.packed_weight is not None]
+        linears = [m for m in self.modules() if isinstance(m, Linear)]
+        packed = [m for m in linears if m.packed_weight is not None]
         copies = into_huge_pages([m.packed_weight for m in packed])
         for module, weight in zip(packed, copies, strict=True):
             module.packed_weight = weight
+        self._gguf_into_huge_pages()
         self.model.native_layers = self.model.build_native_layers(self.config)
         return on
+
+    @property
+    def holds_gguf(self) -> bool:
+        """Whether the embedding (and with it every linear) is held in GGUF blocks."""
+        return isinstance(self.model.embed_tokens, GGUFEmbedding)
+
+    def _dequantize_gguf_embedding(self) -> None:
+        embed = self.model.embed_tokens.gguf_weight
+        table = nn.Embedding(embed.out_features, embed.in_features)
+        table.weight.data = dequantize_gguf(embed)
+        self.model.embed_tokens = table
+
+    def _gguf_into_huge_pages(self) -> None:
+        """The GGUF weights' bytes on huge pages, a weight shared by the embedding and a
+        tied head copied once."""
+        holders = [m for m in self.modules() if getattr(m, "gguf_weight", None) is not None]
+        weights = list({id(m.gguf_weight): m.gguf_weight for m in holders}.values())
+        copies = into_huge_pages([p.data for w in weights for p in w.parts])
+        moved = {}
+        for weight in weights:
+            moved[id(weight)] = weight.with_data(copies[: len(weight.parts)])
+            copies = copies[len(weight.parts) :]
+        for module in holders:
+            module.gguf_weight = moved[id(module.gguf_weight)]
 
     def finalize(self) -> None:
         """After loading: tie ``lm_head`` to the embeddings (a transposed copy; only the
         head's rows when it covers part of the vocabulary) if asked."""
+        if self.holds_gguf:  # the loader set the head; only the q/k norms are fused here
+            for layer in self.model.layers:
+                layer.self_attn.finalize()
+            return
         embedding = self.model.embed_tokens.weight.data
         if self.config.head_token_ids:
             self.head_token_ids = torch.tensor(

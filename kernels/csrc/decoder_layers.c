@@ -34,7 +34,9 @@ struct specdec_step {
     const int64_t *kv_rows;
     const int64_t *qo_indptr, *kv_lens, *page_indptr, *page_indices;
     int batch, page_size;
-    int weight_kind; /* the packed linears: 0 float32, 1 bfloat16, 2 float16, 3 int8 */
+    /* the linears: packed 0 float32, 1 bfloat16, 2 float16, 3 int8; or 4 GGUF blocks (each
+     * weight a struct specdec_gguf_weight, the greedy loop's embedding too) */
+    int weight_kind;
 };
 
 typedef void (*linear_fn)(const float *, int64_t, const void *, const float *, const float *,
@@ -49,6 +51,7 @@ static linear_fn linear_for(int weight_kind) {
     return weight_kind == 1   ? specdec_linear_bf16
            : weight_kind == 2 ? specdec_linear_f16
            : weight_kind == 3 ? specdec_linear_i8
+           : weight_kind == 4 ? specdec_linear_gguf
                               : linear_f32;
 }
 
@@ -100,7 +103,8 @@ int specdec_decoder_layers(const struct specdec_layer *layers, int num_layers,
  * vocabulary. */
 struct specdec_greedy {
     int steps;
-    const float *embed, *final_norm;
+    const void *embed; /* float32 [vocab][hidden], or GGUF blocks (weight_kind 4) */
+    const float *final_norm;
     float final_eps;
     const void *head; /* packed as the layers' linears: [rows / 32][hidden][32] */
     int head_rows;
@@ -131,8 +135,12 @@ int specdec_greedy_decode(const struct specdec_layer *layers, int num_layers,
     for (int64_t b = 0; b < B; ++b) g->num_picks[b] = g->steps;
     for (int t = 0; t < g->steps && num_active > 0; ++t) {
         const int64_t *feed = t == 0 ? tokens : out + (int64_t)(t - 1) * B;
-        for (int64_t b = 0; b < B; ++b)
-            memcpy(hidden + b * H, g->embed + feed[b] * H, sizeof(float) * (size_t)H);
+        if (s.weight_kind == 4)
+            specdec_gguf_rows(g->embed, feed, B, H, hidden);
+        else
+            for (int64_t b = 0; b < B; ++b)
+                memcpy(hidden + b * H, (const float *)g->embed + feed[b] * H,
+                       sizeof(float) * (size_t)H);
         s.positions = g->positions + (int64_t)t * B;
         s.kv_rows = g->kv_rows + (int64_t)t * 2 * B;
         s.kv_lens = g->kv_lens + (int64_t)t * B;

@@ -226,21 +226,7 @@ void specdec_linear(const float *x, int64_t ldx, const float *packed, const floa
  * buffer the float32 tiles then read, which keeps the widening out of their registers),
  * then multiplied and summed exactly as above, so the products and sums are those of specdec_linear over the widened weights (batch
  * invariant too). Half the bytes per decode step. Both widenings are integer shifts that
- * vectorise on any x86 (bfloat16 is float32's top half; float16's exponent is rebased by
- * a multiply by 2^112, exact for normal and subnormal values alike). */
-static inline float widen_bf16(uint16_t bits) {
-    union { uint32_t bits; float value; } v = {.bits = (uint32_t)bits << 16};
-    return v.value;
-}
-
-static inline float widen_f16(uint16_t bits) {
-    union { uint32_t bits; float value; } magnitude = {.bits = (uint32_t)(bits & 0x7fff) << 13};
-    union { uint32_t bits; float value; } out = {.bits = 0};
-    out.value = magnitude.value * 0x1p112f;
-    out.bits |= (uint32_t)(bits & 0x8000) << 16;
-    return out.value;
-}
-
+ * vectorise on any x86 (common.h's widen_bf16 / widen_f16). */
 /* From this many rows on, a block is widened once for all its tiles (measured on the
  * bundled target: slower than widening in every tile up to 12 rows, where the weights
  * stream from memory during the first tile; 1.4x faster at 96). */

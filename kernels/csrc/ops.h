@@ -27,6 +27,22 @@ void specdec_linear_f16(const float *x, int64_t ldx, const void *packed, const f
                         const float *residual, int64_t ldr, float *y, int64_t M, int K, int N);
 void specdec_linear_i8(const float *x, int64_t ldx, const void *packed, const float *bias,
                        const float *residual, int64_t ldr, float *y, int64_t M, int K, int N);
+/* gguf_ops.c: a matrix in GGUF block formats, as up to four parts stacked along the
+ * output rows (q, k and v may each have their own type). */
+struct specdec_gguf_part {
+    int32_t type; /* GGML type id */
+    int32_t rows;
+    const uint8_t *data;
+};
+struct specdec_gguf_weight {
+    int32_t num_parts;
+    struct specdec_gguf_part parts[4];
+};
+void specdec_linear_gguf(const float *x, int64_t ldx, const void *weight, const float *bias,
+                         const float *residual, int64_t ldr, float *y, int64_t M, int K, int N);
+void specdec_gguf_rows(const struct specdec_gguf_weight *w, const int64_t *ids, int64_t count,
+                       int K, float *out);
+int specdec_gguf_set_isa(int requested);
 int specdec_paged_attention(const float *q, int64_t q_stride, const void *kv, int kind,
                             const float *table, const int64_t *qo_indptr,
                             const int64_t *kv_lens, const int64_t *page_indptr,
