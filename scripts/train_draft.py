@@ -61,6 +61,7 @@ from train_models import log, lr_at
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from runtime import ModelRunner
+from runtime.loader import kv_scale_tensors
 
 ROOT = Path(__file__).resolve().parent.parent
 DRAFT_WEIGHTS = "draft.safetensors"
@@ -475,7 +476,7 @@ def main() -> None:
     t0 = time.time()
     save_draft(model, config, args.out)
     complete_draft(args.out, MODEL_DIR)
-    scales = calibrate_kv_scales(args.out)
+    scales = kv_scale_tensors(calibrate_kv_scales(args.out))
     weights = load_file(args.out / DRAFT_WEIGHTS)
     save_file({**weights, **scales}, args.out / DRAFT_WEIGHTS, metadata={"format": "pt"})
     complete_draft(args.out, MODEL_DIR)  # again: the index now names the scales too
