@@ -14,13 +14,18 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 # This folder's runtime.py would shadow the package: put the project first on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from coordinator.client import Prompt  # noqa: E402
-from coordinator.launcher import TINY_DRAFT, TINY_TARGET, held_out_prompts  # noqa: E402
+from coordinator.launcher import (  # noqa: E402
+    TINY_DRAFT,
+    TINY_TARGET,
+    held_out_prompts,
+    model_folder,
+)
 from runtime.loader import load_hf_model  # noqa: E402
 
 
@@ -63,8 +68,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=4)
     args = parser.parse_args()
-    tokenizer = AutoTokenizer.from_pretrained(args.target, local_files_only=True)
-    target = AutoModelForCausalLM.from_pretrained(args.target, local_files_only=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_folder(args.target)), local_files_only=True)
+    target = load_hf_model(args.target)  # a GGUF too: transformers dequantises it
     draft = load_hf_model(args.draft)  # a frequency-ranked head included
     prompts = [encode(tokenizer, p) for p in held_out_prompts(args.target, args.num_prompts)]
     tok_s(target, prompts[:1], 8)  # warm-up

@@ -217,11 +217,16 @@ class SubsetHead(torch.nn.Module):
 
 
 def load_hf_model(path: str | Path):
-    """transformers' model for a checkpoint (offline, eval mode), a frequency-ranked head
+    """transformers' model for a checkpoint or a GGUF (offline, eval mode), a frequency-ranked head
     (``head_token_ids``, which transformers cannot load) included: for baselines such as
     assisted generation with the real pair's draft."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    if is_gguf(path):  # transformers dequantises it to float32 (gguf.quants)
+        file = GGUFCheckpoint(path).path
+        return AutoModelForCausalLM.from_pretrained(
+            str(file.parent), gguf_file=file.name, local_files_only=True, dtype=torch.float32
+        ).eval()
     config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     head_ids = getattr(config, "head_token_ids", None)
     if not head_ids:

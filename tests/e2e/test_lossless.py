@@ -1,7 +1,8 @@
 """Greedy speculative output equals target-only output, token for token, and transformers'.
 
 Both pairs: the bundled tiny pair on held-out code prompts, and the real pair
-(SmolLM2-135M-Instruct and its draft) on held-out chat prompts sent as messages.
+(SmolLM2-135M-Instruct served from its Q4_1 GGUF, and its draft) on held-out chat prompts
+sent as messages.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from e2e_stack import DRAFT, TARGET, running_stack
 
 from coordinator.client import GenerateParams, generate_concurrently
 from coordinator.launcher import REAL_DRAFT, REAL_TARGET, held_out_prompts
+from runtime.loader import load_hf_model
 
 NEW_TOKENS = 40
 
 
 def hf_greedy(target: str, prompt_ids: list[list[int]]) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(target, local_files_only=True).eval()
+    """transformers' greedy output (a GGUF target: transformers' own GGUF loader)."""
+    model = load_hf_model(target)
     outs = []
     with torch.no_grad():
         for ids in prompt_ids:

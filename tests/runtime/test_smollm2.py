@@ -1,9 +1,11 @@
-"""The real target: the folder ``scripts/fetch_models.py`` converts from SmolLM2's GGUF.
+"""The real target: SmolLM2's Q4_1 GGUF as the stack serves it, and the float32 folder
+``scripts/fetch_models.py`` converts from it.
 
 transformers' own GGUF loader, transformers on the converted folder and the runtime
-(reference and C-kernel paths) compute the same logits; greedy decoding agrees token for
-token; the converted tokenizer splits text as the GGUF's does. Skipped when the folder has
-not been fetched.
+(reference and C-kernel paths on the folder; the GGUF kernels on the file, its weights kept
+in Q4_1 / Q8_0) compute the same logits; greedy decoding agrees token for token; the
+converted tokenizer splits text as the GGUF's does. Skipped when the folders have not been
+fetched.
 """
 
 from __future__ import annotations
@@ -19,8 +21,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from runtime import ModelRunner, SequenceChunk
 
 FOLDER = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-instruct"
+GGUF_FOLDER = FOLDER.with_name("smollm2-135m-instruct-q4_1")
 STAMP = FOLDER / ".fetched.json"
-BACKENDS = ("reference", "cpu")
+# runtime -> (model, attention backend): the float32 folder on PyTorch and on the C kernels,
+# the GGUF on its block-format kernels.
+RUNTIMES = {
+    "reference": (FOLDER, "reference"),
+    "cpu": (FOLDER, "cpu"),
+    "gguf": (GGUF_FOLDER, "cpu"),
+}
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
     [
@@ -28,6 +37,7 @@ CHATS = [
         {"role": "user", "content": "Write a Python function that reverses a string."},
     ],
     [{"role": "user", "content": "Give me three tips for learning to play the guitar."}],
+    [{"role": "user", "content": "If a train leaves at 3:40 pm and travels 2 h 35 min, when?"}],
 ]
 GREEDY_CHAT = 2  # answers at length, so 64 tokens come before <|im_end|>
 NUM_GREEDY = 64
@@ -39,7 +49,7 @@ MIXED_TEXT = (
 )
 
 pytestmark = pytest.mark.skipif(
-    not STAMP.is_file(),
+    not (STAMP.is_file() and (GGUF_FOLDER / ".fetched.json").is_file()),
     reason=f"{FOLDER} is absent: run `python scripts/fetch_models.py` to fetch and convert it",
 )
 
@@ -96,8 +106,10 @@ def hf_logits(hf_model, prompts) -> list[torch.Tensor]:
 @pytest.fixture(scope="module")
 def runners() -> dict[str, ModelRunner]:
     return {
-        b: ModelRunner.from_pretrained(FOLDER, attention_backend=b, num_pages=64, max_model_len=512)
-        for b in BACKENDS
+        name: ModelRunner.from_pretrained(
+            model, attention_backend=backend, num_pages=64, max_model_len=512
+        )
+        for name, (model, backend) in RUNTIMES.items()
     }
 
 
@@ -156,14 +168,24 @@ def test_transformers_gguf_loader_matches_converted_folder_and_runtime(
     assert all(d < 1e-4 for d in diffs.values()), diffs
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+def test_gguf_runtime_keeps_the_files_block_formats(runners):
+    model = runners["gguf"].model
+    assert model.holds_gguf and model.lm_head.gguf_weight is model.model.embed_tokens.gguf_weight
+    weights = [getattr(m, "gguf_weight", None) for m in model.modules()]
+    types = {p.ggml_type.name for w in weights if w is not None for p in w.parts}
+    assert types == {"Q4_1", "Q8_0"}
+    assert runners["gguf"].model_config == runners["cpu"].model_config
+    assert runners["gguf"].kv_scales.k_scale == runners["cpu"].kv_scales.k_scale
+
+
+@pytest.mark.parametrize("backend", list(RUNTIMES))
 def test_runtime_prefill_logits_match_transformers(backend, hf_logits, runtime_logits):
     diff = max(map(max_diff, hf_logits, runtime_logits[backend]))
     print(f"max |logit diff| runtime[{backend}] vs transformers: {diff:.3g}")
     assert diff < 1e-4
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", list(RUNTIMES))
 def test_greedy_64_tokens_are_transformers_greedy_tokens(backend, runners, hf_model, prompts):
     """The runtime decodes 64 tokens greedily; transformers, run once over the prompt and
     those tokens, picks each of them as its own argmax. By induction its greedy decoding
