@@ -1,6 +1,15 @@
 """specdec against llama.cpp on the same weights, on this machine.
 
-    python bench/llamacpp.py [--json] [--rounds 3] [--new-tokens 128] [--k 6]
+    python bench/llamacpp.py [--pair tiny|real] [--json] [--rounds 3] [--new-tokens 128]
+                             [--k 6]
+
+``--pair real``: the default pair on SmolLM2-135M-Instruct's own Q4_1 GGUF, the file both
+engines read (specdec keeps its Q4_1 / Q8_0 blocks), on the eight hand-written general
+chat prompts of ``bench/prompts/general_chat.json`` rendered through the chat template:
+llama.cpp decode only and target-only generation at 1 and 2 threads against specdec's
+runtime, target-only and speculative stack with its defaults (``specdec up``); llama.cpp
+runs no speculative row there, as the draft's frequency-ranked head has no GGUF form.
+``--pair tiny`` (the default) is the bundled pair, as below.
 
 1. Builds llama.cpp once from the ``llama-cpp-python`` sdist on the package index (its
    vendored tree, unedited; cmake Release, ``-DGGML_NATIVE=ON -DLLAMA_CURL=OFF``, only the
@@ -34,6 +43,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,11 +52,14 @@ sys.path.insert(0, str(ROOT))  # the packages, before this folder's runtime.py
 from coordinator.bench import measure  # noqa: E402
 from coordinator.config import SpeculativeConfig  # noqa: E402
 from coordinator.launcher import (  # noqa: E402
+    REAL_DRAFT,
+    REAL_TARGET,
     TINY_DRAFT,
     TINY_TARGET,
     Stack,
     StackConfig,
-    held_out_prompts,  # noqa: E402
+    held_out_prompts,
+    model_folder,
 )
 from kernels.native import cache_root  # noqa: E402
 
@@ -54,6 +67,7 @@ SDIST = "llama-cpp-python==0.3.36"
 TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple", "llama-tokenize")
 DTYPES = {"f32": "float32", "f16": "float16"}  # GGUF outtype -> specdec --dtype
 NUM_PROMPTS = 4
+GENERAL_CHAT = ROOT / "bench" / "prompts" / "general_chat.json"
 NEAR_TIE = 0.01  # logits
 GREEDY = ("--temp", "0", "--ignore-eos", "-no-cnv", "--simple-io")
 # Runs llama.cpp's converter unedited, naming an unlisted BPE pre-tokenizer "gpt-2".
@@ -146,17 +160,33 @@ def convert(source: Path, model: Path, outtype: str, out_dir: Path) -> Path:
     return gguf
 
 
-def check_agreement(bin_dir: Path, gguf: Path, prompts: list[str], new_tokens: int) -> list[int]:
-    """llama.cpp's token ids equal specdec's, and its greedy text ours up to the first
-    near-tie (top-2 logits closer than NEAR_TIE, where float32 summation order decides);
-    RuntimeError if not. Returns the agreeing tokens per prompt."""
+def general_chat_prompts() -> list[str]:
+    """The hand-written chat prompts as text through the real target's chat template."""
+    from runtime.loader import load_tokenizer
+
+    tokenizer = load_tokenizer(model_folder(str(REAL_TARGET)))
+    prompts = json.loads(GENERAL_CHAT.read_text())["prompts"]
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p["content"]}], tokenize=False, add_generation_prompt=True
+        )
+        for p in prompts
+    ]
+
+
+def check_agreement(
+    bin_dir: Path, gguf: Path, target: Path, prompts: list[str], new_tokens: int
+) -> list[int]:
+    """llama.cpp's token ids (of ``gguf``) equal specdec's (of ``target``), and its greedy
+    text ours up to the first near-tie (top-2 logits closer than NEAR_TIE, where float32
+    summation order decides); RuntimeError if not. Returns the agreeing tokens per prompt."""
     import torch
 
     from runtime import ModelRunner, SequenceChunk
     from runtime.loader import load_tokenizer
 
-    tokenizer = load_tokenizer(TINY_TARGET)
-    runner = ModelRunner.from_pretrained(TINY_TARGET, num_pages=64)
+    tokenizer = load_tokenizer(model_folder(str(target)))
+    runner = ModelRunner.from_pretrained(target, num_pages=128)
     agreed = []
     for i, prompt in enumerate(prompts):
         ours = tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -200,8 +230,8 @@ def logged_rate(bin_dir: Path, tool: str, argv: list, pattern: str) -> float:
 
 
 def llama_rates(bin_dir, target, draft, prompts, threads, new_tokens, k) -> dict[str, float]:
-    """llama.cpp's tokens/s: decode only, target-only and speculative generation (mean
-    over the prompts)."""
+    """llama.cpp's tokens/s: decode only, target-only and (with a draft) speculative
+    generation (mean over the prompts)."""
     argv = ["-m", target, "-t", threads, "-p", 0, "-n", new_tokens, "-o", "json"]
     rates = {"decode": json.loads(llama(bin_dir, "llama-bench", *argv).stdout)[0]["avg_ts"]}
     completion, spec = [], []
@@ -209,45 +239,49 @@ def llama_rates(bin_dir, target, draft, prompts, threads, new_tokens, k) -> dict
         argv = ["-m", target, "-p", prompt, "-n", new_tokens, *GREEDY, "-t", threads]
         pattern = r"perf_print:\s+eval time =.*?([\d.]+) tokens per second"  # not prompt eval
         completion.append(logged_rate(bin_dir, "llama-completion", argv, pattern))
+        if draft is None:
+            continue
         argv = ["-m", target, "-md", draft, "-p", prompt, "-n", new_tokens, "--temp", "0",
                 "--spec-type", "draft-simple", "--spec-draft-n-max", k, "--spec-draft-n-min", 0,
                 "-t", threads, "-td", threads]  # fmt: skip
         pattern = r"decoded .* speed:\s*([\d.]+) t/s"
         spec.append(logged_rate(bin_dir, "llama-speculative-simple", argv, pattern))
     rates["target_only"] = statistics.mean(completion)
-    rates["spec"] = statistics.mean(spec)
+    if spec:
+        rates["spec"] = statistics.mean(spec)
     return rates
 
 
 WHOLE = ("target_only", "spec")  # specdec's generation rates also taken over whole requests
 
 
-def specdec_rates(dtype: str, new_tokens: int, k: int) -> dict[str, float]:
-    """specdec's tokens/s: the runtime's decode, and batch-1 target-only and speculative
-    generation through the stack (one thread per service): the decode phase, as llama.cpp
-    reports it (after the first token), and the whole request."""
+def runtime_decode_rate(target: Path, dtype: str, new_tokens: int) -> float:
+    """specdec's runtime alone: greedy decode tok/s at batch 1, one step a call."""
     spec_bench = importlib.util.spec_from_file_location("bench_runtime", ROOT / "bench/runtime.py")
     bench_runtime = importlib.util.module_from_spec(spec_bench)
     spec_bench.loader.exec_module(bench_runtime)
     from runtime import ModelRunner
 
-    runner = ModelRunner.from_pretrained(TINY_TARGET, num_pages=64, dtype=dtype)
+    runner = ModelRunner.from_pretrained(target, num_pages=64, dtype=dtype)
     bench_runtime.run_ours(runner, 1, 4)
     seconds, _ = bench_runtime.run_ours(runner, 1, new_tokens)
-    speculative = json.dumps({"num_speculative_tokens": k})
-    config = StackConfig(
-        target_model=str(TINY_TARGET),
-        draft_model=str(TINY_DRAFT),
-        dtype=dtype,
-        speculative_config=speculative,
-        draft_p_min=0.0,  # the tiny pair's best: its draft is accepted five tokens in six
-        with_baseline=True,
-    )
+    return new_tokens / seconds
+
+
+def specdec_rates(
+    config: StackConfig, new_tokens: int, prompts: list | None = None
+) -> dict[str, float]:
+    """specdec's tokens/s: the runtime's decode, and batch-1 target-only and speculative
+    generation through the stack ``config`` describes (one thread per service): the
+    decode phase, as llama.cpp reports it (after the first token), and the whole request."""
+    decode = runtime_decode_rate(Path(config.target_model), config.dtype, new_tokens)
+    config = replace(config, with_baseline=True)
     with Stack(config) as stack:
-        report, _ = measure(stack, SpeculativeConfig.from_json(speculative), [1], new_tokens)
+        spec = SpeculativeConfig.from_json(config.speculative_config)
+        report, _ = measure(stack, spec, [1], new_tokens, prompts)
     row = report["1"]
     return {
-        "decode": new_tokens / seconds,
+        "decode": decode,
         "target_only": row["target_only_decode_tok_s"],
         "spec": row["spec_decode_tok_s"],
         "target_only_with_prefill": row["target_only_tok_s"],
@@ -255,8 +289,19 @@ def specdec_rates(dtype: str, new_tokens: int, k: int) -> dict[str, float]:
     }
 
 
+def tiny_stack(dtype: str, k: int) -> StackConfig:
+    return StackConfig(
+        target_model=str(TINY_TARGET),
+        draft_model=str(TINY_DRAFT),
+        dtype=dtype,
+        speculative_config=json.dumps({"num_speculative_tokens": k}),
+        draft_p_min=0.0,  # the tiny pair's best: its draft is accepted five tokens in six
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", choices=("tiny", "real"), default="tiny")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; medians")
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -267,13 +312,16 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     home = cache_root() / "llamacpp"
     source, bin_dir = build(home)
+    if args.pair == "real":
+        real_pair(bin_dir, args)
+        return
     prompts = held_out_prompts(str(TINY_TARGET), NUM_PROMPTS)
     ggufs = {
         (name, outtype): convert(source, model, outtype, home)
         for name, model in (("target", TINY_TARGET), ("draft", TINY_DRAFT))
         for outtype in DTYPES
     }
-    agreed = check_agreement(bin_dir, ggufs["target", "f32"], prompts, 32)
+    agreed = check_agreement(bin_dir, ggufs["target", "f32"], TINY_TARGET, prompts, 32)
     samples: dict[str, list[float]] = {}
     for _ in range(args.rounds):
         for outtype, dtype in DTYPES.items():
@@ -284,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 for kind, rate in rates.items():
                     samples.setdefault(f"llamacpp_{kind}_{outtype}_t{threads}", []).append(rate)
-            for kind, rate in specdec_rates(dtype, args.new_tokens, args.k).items():
+            for kind, rate in specdec_rates(tiny_stack(dtype, args.k), args.new_tokens).items():
                 samples.setdefault(f"specdec_{kind}_{outtype}", []).append(rate)
     figures = {key: round(statistics.median(v), 1) for key, v in samples.items()}
     figures["greedy_tokens_agreeing"] = agreed
@@ -313,6 +361,50 @@ def main(argv: list[str] | None = None) -> None:
     print(
         "specdec: one thread per service; its own runtime for decode only, the stack else; "
         "generation rates count the decode phase (after the first token), as llama.cpp's do"
+    )
+
+
+def real_pair(bin_dir: Path, args: argparse.Namespace) -> None:
+    """The default pair on the real target's Q4_1 GGUF, general chat prompts."""
+    from runtime.gguf_file import gguf_path
+
+    gguf = gguf_path(REAL_TARGET)
+    prompts = general_chat_prompts()
+    agreed = check_agreement(bin_dir, gguf, REAL_TARGET, prompts, 32)
+    config = StackConfig(target_model=str(REAL_TARGET), draft_model=str(REAL_DRAFT))
+    samples: dict[str, list[float]] = {}
+    for _ in range(args.rounds):
+        for threads in (1, 2):
+            rates = llama_rates(bin_dir, gguf, None, prompts, threads, args.new_tokens, args.k)
+            for kind, rate in rates.items():
+                samples.setdefault(f"llamacpp_{kind}_t{threads}", []).append(rate)
+        for kind, rate in specdec_rates(config, args.new_tokens, prompts).items():
+            samples.setdefault(f"specdec_{kind}", []).append(rate)
+    figures = {key: round(statistics.median(v), 1) for key, v in samples.items()}
+    figures["greedy_tokens_agreeing"] = agreed
+    if args.json:
+        print(json.dumps(figures))
+        return
+    best = max(figures["llamacpp_target_only_t1"], figures["llamacpp_target_only_t2"])
+    print(
+        f"real pair on {gguf.name}, greedy, {args.new_tokens} new tokens, {len(prompts)} "
+        f"general chat prompts, medians of {args.rounds} alternating rounds, tok/s;\n"
+        f"greedy text equal to llama.cpp's for {agreed} of 32 tokens (up to the first near-tie)"
+    )
+    print(f"{'':26} {'llama.cpp 1 thread':>18} {'llama.cpp 2 threads':>19} {'specdec':>8}")
+    for label, kind in (
+        ("decode only, target", "decode"),
+        ("target-only generation", "target_only"),
+    ):
+        one, two = figures[f"llamacpp_{kind}_t1"], figures[f"llamacpp_{kind}_t2"]
+        print(f"{label:26} {one:>18.1f} {two:>19.1f} {figures[f'specdec_{kind}']:>8.1f}")
+    print(f"{'speculative generation':26} {'-':>18} {'-':>19} {figures['specdec_spec']:>8.1f}")
+    print(
+        f"specdec target-only / llama.cpp 1 thread: "
+        f"{figures['specdec_target_only'] / figures['llamacpp_target_only_t1']:.2f}x; "
+        f"specdec speculative / llama.cpp's best: {figures['specdec_spec'] / best:.2f}x; "
+        f"whole requests: target-only {figures['specdec_target_only_with_prefill']:.1f}, "
+        f"speculative {figures['specdec_spec_with_prefill']:.1f}"
     )
 
 

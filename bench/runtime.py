@@ -1,4 +1,5 @@
-"""Greedy decode throughput: specdec's runtime vs ``transformers`` on the same checkpoint.
+"""Greedy decode throughput: specdec's runtime vs ``transformers`` (and, for a GGUF,
+``llama-bench``) on the same checkpoint.
 
     python bench/runtime.py [--model PATH] [--json] [--new-tokens 128] [--attention-backend B]
                             [--dtypes float32,float16,bfloat16]
@@ -6,10 +7,14 @@
 Batch 1 and batch 8 (eight prompts of equal length, so HF needs no padding), ``auto`` KV
 cache; each engine's best of ``--rounds`` alternating rounds; one row per weight dtype,
 both engines loading the checkpoint in it (ours computes in float32 over 16-bit weights,
-transformers in the dtype itself). Default model:
-the real target (``models/smollm2-135m-instruct``, fetched by scripts/fetch_models.py),
-else the bundled tiny ``models/target``, else a random ~20M-parameter Qwen3 built in a
-temp folder.
+transformers in the dtype itself). A GGUF model (a ``.gguf`` file or a folder holding
+one) is one row: ours keeps its block formats, transformers dequantises it to float32;
+llama.cpp's ``llama-bench`` then decodes the same file (``tg`` of ``--new-tokens``, same
+threads; built by bench/llamacpp.py on first use), against ours one step a call
+(``extend``) and in the C greedy loop the target service's multi-step decode runs.
+Default model: the real target's Q4_1 GGUF (``models/smollm2-135m-instruct-q4_1``,
+fetched by scripts/fetch_models.py), else the bundled tiny ``models/target``, else a
+random ~20M-parameter Qwen3 built in a temp folder.
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ sys.path.insert(0, str(ROOT))
 
 from hf_generate import timed_greedy  # noqa: E402 (beside this file)
 
-from coordinator.launcher import REAL_TARGET, TINY_TARGET  # noqa: E402
+from coordinator.launcher import REAL_TARGET, TINY_TARGET, has_model_files  # noqa: E402
 from kernels import dense_ops  # noqa: E402
 from kernels.attention import ATTENTION_BACKENDS  # noqa: E402
 from runtime import ModelRunner, SequenceChunk  # noqa: E402
+from runtime.gguf_file import gguf_path, is_gguf  # noqa: E402
+from runtime.loader import load_hf_model  # noqa: E402
 
 PROMPT_LEN = 16
 BENCH_QWEN3 = dict(
@@ -83,6 +90,31 @@ def run_ours(runner: ModelRunner, batch: int, new_tokens: int) -> tuple[float, l
     return elapsed, out
 
 
+def run_c_loop(runner: ModelRunner, new_tokens: int) -> float:
+    """Seconds for ``new_tokens`` greedy tokens at batch 1 in one ``decode_greedy`` call
+    (the C loop of the target service's multi-step decode); inf where it does not run."""
+    runner.open("bench-loop")
+    runner.extend([SequenceChunk("bench-loop", prompts(1, runner.vocab_size)[0])])
+    start = time.perf_counter()
+    picks = runner.decode_greedy(["bench-loop"], [0], new_tokens)
+    elapsed = time.perf_counter() - start
+    runner.release("bench-loop")
+    return elapsed if picks is not None else float("inf")
+
+
+def llama_bench_rate(model_path: Path, new_tokens: int, threads: int, rounds: int) -> float:
+    """llama.cpp's ``llama-bench`` tg rate on the GGUF (tok/s), its best of ``rounds``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_llamacpp", ROOT / "bench/llamacpp.py")
+    llamacpp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(llamacpp)
+    _, bin_dir = llamacpp.build(llamacpp.cache_root() / "llamacpp")
+    argv = ["-m", gguf_path(model_path), "-t", threads, "-p", 0, "-n", new_tokens]
+    argv += ["-r", rounds, "-o", "json"]
+    return json.loads(llamacpp.llama(bin_dir, "llama-bench", *argv).stdout)[0]["avg_ts"]
+
+
 def run_hf(model, batch: int, new_tokens: int, vocab: int) -> tuple[float, list[list[int]]]:
     input_ids = torch.tensor(prompts(batch, vocab))
     elapsed, out = timed_greedy(model, input_ids, new_tokens, pad_token_id=0)
@@ -97,11 +129,7 @@ def bench(
     dtype: str = "float32",
 ) -> tuple[dict[str, float], dict[str, str]]:
     """Figures keyed ``{ours,hf}_tok_s_bs{1,8}`` (float32) or ``..._{dtype}``."""
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(
-        model_path, local_files_only=True, dtype=getattr(torch, dtype)
-    ).eval()
+    hf = load_hf_model(model_path).to(getattr(torch, dtype))
     vocab = hf.config.vocab_size
     pages_per_seq = -(-(PROMPT_LEN + new_tokens) // 16)
     runner = ModelRunner.from_pretrained(
@@ -126,6 +154,9 @@ def bench(
             hf_s = min(hf_s, elapsed)
         results[f"ours_tok_s_bs{batch}{suffix}"] = round(batch * new_tokens / ours_s, 1)
         results[f"hf_tok_s_bs{batch}{suffix}"] = round(batch * new_tokens / hf_s, 1)
+        if batch == 1:
+            loop_s = min(run_c_loop(runner, new_tokens) for _ in range(rounds))
+            results[f"ours_c_loop_tok_s_bs1{suffix}"] = round(new_tokens / loop_s, 1)
         # Greedy outputs agree unless a near-tie flips (reported, not asserted).
         same = sum(a == b for a, b in zip(ours_tokens, hf_tokens, strict=True))
         agreement[f"{batch}{suffix}"] = f"{same}/{batch}"
@@ -163,10 +194,13 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_path = args.model
         if model_path is None:
-            found = [m for m in (REAL_TARGET, TINY_TARGET) if (m / "config.json").is_file()]
+            found = [m for m in (REAL_TARGET, TINY_TARGET) if has_model_files(str(m))]
             model_path = found[0] if found else None
         if model_path is None:
             model_path = build_random_qwen3(Path(tmp) / "qwen3-20m")
+        gguf = is_gguf(model_path)
+        if gguf:
+            dtypes = ["float32"]  # ours reads the blocks as they are; transformers in float32
         results: dict[str, float] = {}
         agreement: dict[str, str] = {}
         for dtype in dtypes:
@@ -175,6 +209,10 @@ def main(argv: list[str] | None = None) -> None:
             )
             results.update(figures)
             agreement.update(same)
+        if gguf:
+            results["llama_bench_tg_tok_s"] = round(
+                llama_bench_rate(model_path, args.new_tokens, args.threads, args.rounds), 1
+            )
 
     if args.json:
         print(json.dumps(results))
@@ -192,6 +230,15 @@ def main(argv: list[str] | None = None) -> None:
             hf = results[f"hf_tok_s_bs{batch}{suffix}"]
             same = agreement[f"{batch}{suffix}"]
             print(f"{dtype:>9} {batch:>5} {ours:>11.1f} {hf:>9.1f} {ours / hf:>8.2f}x  {same}")
+    loop = results["ours_c_loop_tok_s_bs1"]
+    print(f"ours at batch 1 in the C greedy loop (the service's multi-step decode): {loop:.1f}")
+    if "llama_bench_tg_tok_s" in results:
+        llama = results["llama_bench_tg_tok_s"]
+        print(
+            f"llama-bench tg{args.new_tokens} on the same file, {args.threads} thread(s): "
+            f"{llama:.1f} tok/s; ours / llama-bench: one step a call "
+            f"{results['ours_tok_s_bs1'] / llama:.2f}x, C loop {loop / llama:.2f}x"
+        )
 
 
 if __name__ == "__main__":

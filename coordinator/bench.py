@@ -27,6 +27,7 @@ from coordinator.client import (
     Completion,
     CoordinatorClient,
     GenerateParams,
+    Prompt,
     generate_concurrently,
 )
 from coordinator.config import SpeculativeConfig
@@ -78,15 +79,28 @@ def acceptance_summary(outs: list[Completion]) -> dict:
     }
 
 
-def measure(stack: Stack, spec: SpeculativeConfig, batch_sizes: list[int], new_tokens: int):
+def measure(
+    stack: Stack,
+    spec: SpeculativeConfig,
+    batch_sizes: list[int],
+    new_tokens: int,
+    prompts: list[Prompt] | None = None,
+):
+    """Per batch size: speculative and target-only rates (best of REPEATS alternating
+    runs) and acceptance, on ``prompts`` (default: the pair's held-out prompts)."""
     params = GenerateParams(max_tokens=new_tokens, ignore_eos=True)
-    prompts = held_out_prompts(stack.config.target_model, max(max(batch_sizes), NUM_BS1_PROMPTS))
+    if prompts is None:
+        count = max(max(batch_sizes), NUM_BS1_PROMPTS)
+        prompts = held_out_prompts(stack.config.target_model, count)
     warm = replace(params, max_tokens=8)
     for address in (stack.address, stack.baseline_address):
         generate_concurrently(address, prompts[:2], warm)
     report, overhead = {}, None
     for bs in batch_sizes:
-        rounds = [prompts[i : i + 1] for i in range(NUM_BS1_PROMPTS)] if bs == 1 else [prompts[:bs]]
+        if bs == 1:
+            rounds = [prompts[i : i + 1] for i in range(min(NUM_BS1_PROMPTS, len(prompts)))]
+        else:
+            rounds = [prompts[:bs]]
         spec_rates, base_rates, spec_decode, base_decode, outs = [], [], [], [], []
         # Alternate the two stacks and keep each one's best run: this machine's speed
         # wanders between runs, and the best run is the least disturbed one.

@@ -222,10 +222,17 @@ def load_hf_model(path: str | Path):
     assisted generation with the real pair's draft."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if is_gguf(path):  # transformers dequantises it to float32 (gguf.quants)
-        file = GGUFCheckpoint(path).path
+    if is_gguf(path):
+        # transformers dequantises it to float32 (gguf.quants); the config is ours, as its
+        # GGUF reader leaves out some keys (Qwen3's head width, attention.key_length).
+        checkpoint = GGUFCheckpoint(path)
+        config = AutoConfig.for_model(**checkpoint.hf_config)
         return AutoModelForCausalLM.from_pretrained(
-            str(file.parent), gguf_file=file.name, local_files_only=True, dtype=torch.float32
+            str(checkpoint.path.parent),
+            gguf_file=checkpoint.path.name,
+            config=config,
+            local_files_only=True,
+            dtype=torch.float32,
         ).eval()
     config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     head_ids = getattr(config, "head_token_ids", None)

@@ -2,18 +2,22 @@
 
 Every sample is compared with the distribution the target itself gives at that position
 (transformers on the bundled target, given the sample's own prefix), for several prompts
-and settings, seeded and unseeded. Positions 1-3 are decided by chain rejection sampling
-(an accepted proposal, the residual after a rejection, or the bonus token); position 0 is
-the target's own sample after the prefill.
+and settings, seeded and unseeded; the target served from its float32 folder, and as a GGUF
+whose linears stay in Q8_0 / Q4_1 / Q4_0 blocks (transformers dequantising the same file).
+Positions 1-3 are decided by chain rejection sampling (an accepted proposal, the residual
+after a rejection, or the bonus token); position 0 is the target's own sample after the
+prefill.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 from e2e_stack import TARGET, running_stack
+from gguf_files import MIXED_TYPES, write_gguf
 from sampling_stats import (
     categorical_fit_pvalue,
     rank_categories,
@@ -23,6 +27,7 @@ from sampling_stats import (
 
 from coordinator.client import Completion, GenerateParams, generate_concurrently
 from kernels.sampling import logits_to_probs
+from runtime.loader import load_hf_model
 
 SPEC_CONFIG = '{"num_speculative_tokens": 3}'
 NUM_SAMPLES = 960  # per setting and seeding
@@ -59,21 +64,29 @@ def exact_probs(model, prompt: list[int], outputs: list[list[int]], params) -> t
     return flat.view(len(outputs), NUM_NEW, -1)
 
 
-@pytest.fixture(scope="module")
-def target_model():
-    from transformers import AutoModelForCausalLM
+@pytest.fixture(scope="module", params=["float32", "gguf"])
+def target(request, tmp_path_factory) -> str:
+    """The bundled target as its float32 folder, or as a GGUF in block formats."""
+    if request.param == "float32":
+        return TARGET
+    folder = tmp_path_factory.mktemp("gguf_target")
+    return str(write_gguf(Path(TARGET), folder / "target.gguf", MIXED_TYPES))
 
+
+@pytest.fixture(scope="module")
+def target_model(target):
     # The bundled target's activations reach float32 denormals, which make CPU matmuls
     # ~10x slower; flushing them moves no probability by more than 1e-6.
     flushed = torch.set_flush_denormal(True)
-    yield AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
+    yield load_hf_model(target)
     if flushed:
         torch.set_flush_denormal(False)
 
 
 @pytest.fixture(scope="module")
-def stack():
-    with running_stack(speculative_config=SPEC_CONFIG, max_num_seqs=BATCH) as s:
+def stack(target):
+    config = dict(speculative_config=SPEC_CONFIG, max_num_seqs=BATCH)
+    with running_stack(target_model=target, **config) as s:
         yield s
 
 
@@ -112,14 +125,14 @@ def test_sampled_output_follows_the_targets_exact_distribution(
     assert sum(s["num_drafts"] == 1 and s["num_accepted_tokens"] == 2 for s in stats) > 20
 
 
-def test_drafts_cut_by_draft_p_min_keep_the_exact_distribution(target_model, prompt_ids):
+def test_drafts_cut_by_draft_p_min_keep_the_exact_distribution(target, target_model, prompt_ids):
     """The draft stops proposing where its own distribution is flat (--draft-p-min): the
     stopping point depends on the draft alone, so verification stays exact."""
     prompts = [prompt_ids[i % 4][:8] for i in range(NUM_SAMPLES)]
     base = SETTINGS["T1.0-full"]
     params = [replace(base, max_tokens=NUM_NEW, ignore_eos=True) for _ in prompts]
     config = dict(speculative_config=SPEC_CONFIG, max_num_seqs=BATCH, draft_p_min=0.3)
-    with running_stack(**config) as stack:
+    with running_stack(target_model=target, **config) as stack:
         outs = run(stack.address, prompts, params)
     assert_exact(target_model, prompts, outs, base)
     stats = [o.stats for o in outs]
