@@ -42,7 +42,8 @@ enum {
 };
 
 #define TILE_ROWS 8 /* input rows sharing one pass over a dequantised output row */
-#define PREFETCH_PASSES 4 /* rows ahead / outs; the Q4_1 target at 1 thread: 0 46, 1 70, 2 74, 4 78, 8 78 tok/s */
+/* Rows ahead / outs (the Q4_1 target at 1 thread: 0 passes 46, 1 70, 2 74, 4 78, 8 78 tok/s) */
+#define PREFETCH_PASSES 4
 #define PAIR_ROWS 4 /* up to this many input rows, two output rows a pass */
 #define QK_K 256
 
