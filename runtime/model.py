@@ -363,8 +363,10 @@ class CausalLM(nn.Module):
         float32's bytes); without the C kernels their weights become those dequantized
         values, so both paths run the same quantized model."""
         on = enabled and dense_ops.available(self.model.norm.weight)
-        if self.holds_gguf and not on:
-            self._dequantize_gguf_embedding()
+        if self.holds_gguf:  # its linears keep the file's blocks: no second quantization
+            quantization = "none"
+            if not on:
+                self._dequantize_gguf_embedding()
         if on and weight_dtype != torch.float32:
             with torch.no_grad():
                 for param in self.parameters():
