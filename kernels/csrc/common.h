@@ -10,24 +10,7 @@
 #define SPECDEC_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define SPECDEC_CLONES
-/* 16-bit floats widened to float32 by integer shifts that vectorise on any x86: bfloat16
- * is float32's top half; float16's exponent is rebased by a multiply by 2^112, exact for
- * normal and subnormal values alike. */
-static inline float widen_bf16(uint16_t bits) {
-    union { uint32_t bits; float value; } v = {.bits = (uint32_t)bits << 16};
-    return v.value;
-}
-
-static inline float widen_f16(uint16_t bits) {
-    union { uint32_t bits; float value; } magnitude = {.bits = (uint32_t)(bits & 0x7fff) << 13};
-    union { uint32_t bits; float value; } out = {.bits = 0};
-    out.value = magnitude.value * 0x1p112f;
-    out.bits |= (uint32_t)(bits & 0x8000) << 16;
-    return out.value;
-}
-
 #endif
-
 /* exp(x), clamped to [-87, 88] (so always finite), in a form compilers vectorise:
  * 2^n * p(r) with x = n ln2 + r, |r| <= ln2 / 2, and a degree-7 Taylor polynomial
  * (relative error about 5e-9, below float32 rounding). */

@@ -232,18 +232,6 @@ void specdec_linear(const float *x, int64_t ldx, const float *packed, const floa
  * stream from memory during the first tile; 1.4x faster at 96). */
 #define WIDEN_ONCE_ROWS 16
 
-/* A float32 buffer of at least `floats`, the calling thread's own, kept for its next
- * call (a block's weights widened: K x LINEAR_COLS floats); NULL if memory runs out. */
-static float *widen_buffer(size_t floats) {
-    static _Thread_local float *buffer;
-    static _Thread_local size_t capacity;
-    if (floats > capacity) {
-        float *grown = realloc(buffer, sizeof(float) * floats);
-        if (grown == NULL) return NULL;
-        buffer = grown, capacity = floats;
-    }
-    return buffer;
-}
 
 /* The tiles and the column-block task of a linear over narrower weights (WTYPE, widened
  * to float32 by WIDEN, TILE rows a tile); SCALED: each block ends with its columns' float32
@@ -285,7 +273,7 @@ static float *widen_buffer(size_t floats) {
         const int64_t stride =                                                                   \
             (int64_t)K * LINEAR_COLS + (SCALED ? LINEAR_COLS * sizeof(float) / sizeof(WTYPE) : 0); \
         float *wide = !SCALED && a->M >= WIDEN_ONCE_ROWS                                         \
-                          ? widen_buffer((size_t)K * LINEAR_COLS)                                \
+                          ? specdec_scratch((size_t)K * LINEAR_COLS)                             \
                           : NULL;                                                                \
         for (int64_t n0 = first * LINEAR_COLS; n0 < end * LINEAR_COLS; n0 += LINEAR_COLS) {      \
             const WTYPE *block = (const WTYPE *)a->packed + n0 / LINEAR_COLS * stride;           \

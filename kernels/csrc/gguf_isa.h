@@ -39,33 +39,24 @@ static inline __attribute__((always_inline)) vf ISA(splat_scale)(const uint8_t *
     return v;
 }
 
-/* 16 bytes widened to int32 lanes: vpmovzxbd where the ISA has it (GCC's own conversions
- * of byte vectors went element by element). */
-static inline __attribute__((always_inline)) vi ISA(widen_u8)(const uint8_t *restrict p) {
+/* 16 bytes widened to int32 lanes, as unsigned or (`is_signed`, a constant) signed
+ * values: vpmovzxbd / vpmovsxbd where the ISA has them (GCC's own conversions of byte
+ * vectors went element by element). */
+static inline __attribute__((always_inline)) vi ISA(widen_bytes)(const uint8_t *restrict p,
+                                                                 const int is_signed) {
     vi v;
 #if defined(__AVX512F__)
-    v = (vi)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)p);
+    v = (vi)(is_signed ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes));
 #elif defined(__AVX2__)
-    const __m256i halves[2] = {_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)),
-                               _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8)))};
+    __m256i halves[2];
+    for (int h = 0; h < 2; ++h) {
+        const __m128i bytes = _mm_loadl_epi64((const __m128i *)(p + 8 * h));
+        halves[h] = is_signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes);
+    }
     memcpy(&v, halves, sizeof v);
 #else
-    for (int j = 0; j < 16; ++j) v[j] = p[j];
-#endif
-    return v;
-}
-
-/* 16 signed bytes widened to int32 lanes (vpmovsxbd). */
-static inline __attribute__((always_inline)) vi ISA(widen_s8)(const uint8_t *restrict p) {
-    vi v;
-#if defined(__AVX512F__)
-    v = (vi)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
-#elif defined(__AVX2__)
-    const __m256i halves[2] = {_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)),
-                               _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8)))};
-    memcpy(&v, halves, sizeof v);
-#else
-    for (int j = 0; j < 16; ++j) v[j] = (int8_t)p[j];
+    for (int j = 0; j < 16; ++j) v[j] = is_signed ? (int8_t)p[j] : p[j];
 #endif
     return v;
 }
@@ -82,13 +73,13 @@ static inline __attribute__((always_inline)) void ISA(dequant32)(int type, const
     case GGML_Q8_0: {
         const uint8_t *b = row + i * 34;
         const vf d = ISA(splat_scale)(b);
-        for (int h = 0; h < 2; ++h) w[h] = d * ISA(to_vf)(ISA(widen_s8)(b + 2 + 16 * h));
+        for (int h = 0; h < 2; ++h) w[h] = d * ISA(to_vf)(ISA(widen_bytes)(b + 2 + 16 * h, 1));
         break;
     }
     case GGML_Q4_0: {
         const uint8_t *b = row + i * 18;
         const vf d = ISA(splat_scale)(b);
-        const vi q = ISA(widen_u8)(b + 2);
+        const vi q = ISA(widen_bytes)(b + 2, 0);
         w[0] = d * ISA(to_vf)((q & 15) - 8);
         w[1] = d * ISA(to_vf)((q >> 4) - 8);
         break;
@@ -96,7 +87,7 @@ static inline __attribute__((always_inline)) void ISA(dequant32)(int type, const
     case GGML_Q4_1: {
         const uint8_t *b = row + i * 20;
         const vf d = ISA(splat_scale)(b), m = ISA(splat_scale)(b + 2);
-        const vi q = ISA(widen_u8)(b + 4);
+        const vi q = ISA(widen_bytes)(b + 4, 0);
 #if defined(__AVX512F__)
         /* The block's 16 possible values d q + m, then each nibble picks its own (vpermps):
          * the same values as converting every nibble, in fewer instructions. */
@@ -119,8 +110,8 @@ static inline __attribute__((always_inline)) void ISA(dequant32)(int type, const
         const float ds = ISA(scale)(b) * (float)sc, dm = ISA(scale)(b + 2) * (float)mn;
         const uint8_t *q = b + (five ? 48 : 16) + (g / 2) * 32;
         for (int h = 0; h < 2; ++h) {
-            vi v = (ISA(widen_u8)(q + 16 * h) >> shift) & 15;
-            if (five) v |= ((ISA(widen_u8)(b + 16 + 16 * h) >> g) & 1) << 4;
+            vi v = (ISA(widen_bytes)(q + 16 * h, 0) >> shift) & 15;
+            if (five) v |= ((ISA(widen_bytes)(b + 16 + 16 * h, 0) >> g) & 1) << 4;
             w[h] = ds * ISA(to_vf)(v) - dm;
         }
         break;
@@ -133,8 +124,8 @@ static inline __attribute__((always_inline)) void ISA(dequant32)(int type, const
         const float d = ISA(scale)(b + 208);
         const int e = s * 32 / 16;
         for (int half = 0; half < 2; ++half) {
-            const vi q = (((ISA(widen_u8)(lo + 16 * half) >> (4 * (g / 2))) & 15) |
-                          (((ISA(widen_u8)(hi + 16 * half) >> (2 * g)) & 3) << 4)) - 32;
+            const vi q = (((ISA(widen_bytes)(lo + 16 * half, 0) >> (4 * (g / 2))) & 15) |
+                          (((ISA(widen_bytes)(hi + 16 * half, 0) >> (2 * g)) & 3) << 4)) - 32;
             w[half] = (d * (float)scales[e + half]) * ISA(to_vf)(q);
         }
         break;
@@ -306,7 +297,7 @@ static inline __attribute__((always_inline)) void ISA(gguf_rows)(const struct gg
 
 static void ISA(linear)(void *ctx, int64_t first, int64_t end) {
     const struct gguf_linear_args *a = ctx;
-    float *wide = row_buffer((size_t)a->K);
+    float *wide = specdec_scratch((size_t)a->K);
     if (wide != NULL) ISA(gguf_rows)(a, first, end, wide, TILE);
 }
 

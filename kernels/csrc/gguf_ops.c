@@ -100,17 +100,6 @@ struct gguf_linear_args {
     int K, N;
 };
 
-/* A float32 buffer of at least `floats`, the calling thread's own, kept for its next call. */
-static float *row_buffer(size_t floats) {
-    static _Thread_local float *buffer;
-    static _Thread_local size_t capacity;
-    if (floats > capacity) {
-        float *grown = realloc(buffer, sizeof(float) * floats);
-        if (grown == NULL) return NULL;
-        buffer = grown, capacity = floats;
-    }
-    return buffer;
-}
 
 #define ISA(name) name##_portable
 #define TILE 2

@@ -3,12 +3,14 @@
 #ifndef SPECDEC_OPS_H
 #define SPECDEC_OPS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* threads.c: run task(ctx, begin, end) over shares of [0, n) on the pool's threads. */
 typedef void (*specdec_task)(void *ctx, int64_t begin, int64_t end);
 void specdec_parallel_for(int64_t n, specdec_task task, void *ctx);
 int specdec_set_num_threads(int n);
+float *specdec_scratch(size_t floats);
 
 void specdec_rms_norm(const float *x, int64_t x_stride, const float *weight, float eps,
                       float *out, int64_t out_stride, int64_t rows, int dim);

@@ -110,3 +110,16 @@ void specdec_parallel_for(int64_t n, specdec_task task, void *ctx) {
     while (atomic_load(&remaining) > 0) relax();
     pthread_mutex_unlock(&region);
 }
+
+/* A float32 buffer of at least `floats`, the calling thread's own, kept for its next call
+ * (a linear's widened or dequantised weights); NULL if memory runs out. */
+float *specdec_scratch(size_t floats) {
+    static _Thread_local float *buffer;
+    static _Thread_local size_t capacity;
+    if (floats > capacity) {
+        float *grown = realloc(buffer, sizeof(float) * floats);
+        if (grown == NULL) return NULL;
+        buffer = grown, capacity = floats;
+    }
+    return buffer;
+}
