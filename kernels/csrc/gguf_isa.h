@@ -92,7 +92,7 @@ static inline __attribute__((always_inline)) void ISA(dequant32)(int type, const
         /* The block's 16 possible values d q + m, then each nibble picks its own (vpermps):
          * the same values as converting every nibble, in fewer instructions. */
         const vf values = d * (vf){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + m;
-        w[0] = (vf)_mm512_permutexvar_ps((__m512i)(q & 15), (__m512)values);
+        w[0] = (vf)_mm512_permutexvar_ps((__m512i)q, (__m512)values); /* vpermps reads the low 4 bits */
         w[1] = (vf)_mm512_permutexvar_ps((__m512i)(q >> 4), (__m512)values);
 #else
         w[0] = d * ISA(to_vf)(q & 15) + m;
