@@ -49,7 +49,8 @@ def available(x: torch.Tensor) -> bool:
     return x.dtype == torch.float32 and x.device.type == "cpu" and library_loads()
 
 
-def _check(name: str, x: torch.Tensor) -> None:
+def check_float32_rows(name: str, x: torch.Tensor) -> None:
+    """ValueError unless ``x`` is float32 on the CPU with contiguous rows."""
     # Runs several times a layer: attribute tests only (x.device would build an object).
     if x.dtype is not torch.float32 or not x.is_cpu or x.stride(-1) != 1:
         raise ValueError(f"{name} must be float32 on the CPU with contiguous rows")
@@ -59,8 +60,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x * rsqrt(mean(x², -1) + eps) * weight`` for ``x [..., dim]``."""
     dim = x.shape[-1]
     rows = x.reshape(-1, dim)
-    _check("x", rows)
-    _check("weight", weight)
+    check_float32_rows("x", rows)
+    check_float32_rows("weight", weight)
     if weight.shape != (dim,):
         raise ValueError(f"weight has shape {tuple(weight.shape)}, expected ({dim},)")
     out = torch.empty(x.shape, dtype=torch.float32)
@@ -88,20 +89,20 @@ def qk_norm_rope_(
     layer that would cost as much as the op); ``RotaryEmbedding.for_step`` checks them once
     a step."""
     tokens, total_heads, head_dim = qkv.shape
-    _check("qkv", qkv)
+    check_float32_rows("qkv", qkv)
     if not qkv.is_contiguous() or not 0 < num_heads <= total_heads:
         raise ValueError(f"qkv must be contiguous [T, H >= {num_heads}, D]")
     if head_dim > MAX_HEAD_DIM or head_dim % 2:
         raise ValueError(f"head_dim must be even and at most {MAX_HEAD_DIM}, got {head_dim}")
     for name, table in (("cos", cos), ("sin_signed", sin_signed)):
-        _check(name, table)
+        check_float32_rows(name, table)
         if not table.is_contiguous() or table.shape[1:] != (head_dim,):
             raise ValueError(f"{name} must be a contiguous [max_positions, {head_dim}] table")
     if positions.dtype != torch.int64 or positions.shape != (tokens,):
         raise ValueError(f"positions must be int64 [{tokens}]")
     weight_ptr = None
     if norm_weight is not None:
-        _check("norm_weight", norm_weight)
+        check_float32_rows("norm_weight", norm_weight)
         if norm_weight.shape != (num_heads, head_dim) or not norm_weight.is_contiguous():
             raise ValueError(f"norm_weight must be a contiguous [{num_heads}, {head_dim}]")
         weight_ptr = norm_weight.data_ptr()
@@ -114,7 +115,7 @@ def qk_norm_rope_(
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for ``gate_up [T, 2 * inter]`` (contiguous) -> ``[T, inter]``."""
-    _check("gate_up", gate_up)
+    check_float32_rows("gate_up", gate_up)
     if gate_up.dim() != 2 or gate_up.shape[1] % 2 or not gate_up.is_contiguous():
         raise ValueError("gate_up must be a contiguous [tokens, 2 * intermediate_size]")
     tokens, inter = gate_up.shape[0], gate_up.shape[1] // 2
@@ -152,7 +153,7 @@ def pack_linear_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32)
     (:func:`quantize_int8`) and appends each block's scales as ``INT8_SCALE_ROWS`` more
     rows: ``[out / LINEAR_COLS, in + INT8_SCALE_ROWS, LINEAR_COLS]``, a quarter of the
     bytes. ValueError unless ``out`` is a multiple of LINEAR_COLS."""
-    _check("weight", weight)
+    check_float32_rows("weight", weight)
     if dtype not in LINEAR_KERNELS:
         raise ValueError(f"no linear kernel for {dtype} weights")
     k, n = weight.shape
@@ -194,15 +195,15 @@ def linear(
     :func:`pack_linear_weight` (any of its dtypes); float32 ``[M, out]``."""
     blocks, _, cols = packed.shape
     k, n = packed_in_features(packed), blocks * cols
-    _check("x", x)
+    check_float32_rows("x", x)
     if x.dim() != 2 or x.shape[1] != k:
         raise ValueError(f"x has shape {tuple(x.shape)}, the weight takes [M, {k}]")
     if bias is not None:
-        _check("bias", bias)
+        check_float32_rows("bias", bias)
         if bias.shape != (n,):
             raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({n},)")
     if residual is not None:
-        _check("residual", residual)
+        check_float32_rows("residual", residual)
         if residual.shape != (x.shape[0], n):
             raise ValueError(
                 f"residual has shape {tuple(residual.shape)}, expected {(x.shape[0], n)}"

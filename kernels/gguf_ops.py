@@ -18,6 +18,7 @@ from enum import IntEnum
 
 import torch
 
+from kernels.dense_ops import check_float32_rows
 from kernels.native import load_library
 
 
@@ -167,8 +168,7 @@ def linear(
     ):
         if tensor is None:
             continue
-        if tensor.dtype != torch.float32 or not tensor.is_cpu or tensor.stride(-1) != 1:
-            raise ValueError(f"{name} must be float32 on the CPU with contiguous rows")
+        check_float32_rows(name, tensor)
         if tuple(tensor.shape) != shape:
             raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {shape}")
     out = torch.empty(x.shape[0], n, dtype=torch.float32)

@@ -40,7 +40,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -305,7 +304,7 @@ def checkpoint_config(checkpoint) -> dict[str, Any]:
 def serving_folder(gguf_path: Path, float_folder: Path, folder: Path) -> None:
     """Write the GGUF serving folder into ``folder`` (which must not exist)."""
     from runtime.kv_scales import KVScaleTable
-    from runtime.loader import iterate_checkpoint
+    from runtime.loader import KV_SCALE_PATTERN, iterate_checkpoint
 
     folder.mkdir(parents=True)
     target = folder / gguf_path.name
@@ -317,7 +316,7 @@ def serving_folder(gguf_path: Path, float_folder: Path, folder: Path) -> None:
         shutil.copyfile(float_folder / name, folder / name)
     found = {}
     for name, tensor in iterate_checkpoint(float_folder):
-        if match := re.match(r"^model\.layers\.(\d+)\.self_attn\.([kv])_scale$", name):
+        if match := KV_SCALE_PATTERN.match(name):
             found[(int(match[1]), match[2])] = float(tensor)
     config = json.loads((float_folder / "config.json").read_text())
     table = KVScaleTable.from_checkpoint(found, config["num_hidden_layers"], "fp8")
