@@ -19,6 +19,8 @@ from auth.bearer import (
     BearerTokenServerInterceptor,
     CallMetadataInterceptor,
     bearer,
+    key_scope,
+    split_keys,
 )
 
 __all__ = [
@@ -28,4 +30,6 @@ __all__ = [
     "BearerTokenServerInterceptor",
     "CallMetadataInterceptor",
     "bearer",
+    "key_scope",
+    "split_keys",
 ]

@@ -3,6 +3,7 @@ interceptor that sends it (with any other fixed call metadata)."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,14 +23,31 @@ def _offered_token(metadata: Any) -> str:
     return ""
 
 
-class BearerTokenServerInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses calls without the token with UNAUTHENTICATED; ``who`` names, in the error
-    message, who is expected to hold it."""
+def split_keys(keys: str) -> tuple[str, ...]:
+    """The keys of a comma-separated ``--api-key`` value."""
+    return tuple(k.strip() for k in keys.split(",") if k.strip())
 
-    def __init__(self, token: str, who: str) -> None:
-        if not token:
+
+def key_scope(metadata: Any) -> str:
+    """A short name for the bearer token a call offered ("" for none): requests made with
+    different keys stay apart without the key itself being kept."""
+    offered = _offered_token(metadata)
+    return hashlib.sha256(offered.encode()).hexdigest()[:12] if offered else ""
+
+
+class BearerTokenServerInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses calls without one of the tokens with UNAUTHENTICATED; ``who`` names, in the
+    error message, who is expected to hold it.
+
+    The refusal never reads the request: its handler takes a request stream it does not
+    consume and has no deserializer, so an unauthenticated message is neither buffered
+    whole nor parsed (gRPC's flow control stops the sender after its first window)."""
+
+    def __init__(self, tokens: str | tuple[str, ...], who: str) -> None:
+        tokens = (tokens,) if isinstance(tokens, str) else tokens
+        if not tokens or not all(tokens):
             raise ValueError("an empty token would let anyone in")
-        self._token = token.encode()
+        self._tokens = tuple(t.encode() for t in tokens)
         self._message = f"missing or wrong bearer token: {who}"
 
     async def intercept_service(
@@ -41,37 +59,19 @@ class BearerTokenServerInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or details.method.startswith(OPEN_SERVICES):
             return handler
         offered = _offered_token(details.invocation_metadata).encode()
-        if hmac.compare_digest(offered, self._token):
+        # Every token is compared, so the time taken does not say which one came close.
+        if sum(hmac.compare_digest(offered, token) for token in self._tokens):
             return handler
-        return self._refusal(handler)
+        return self._refusal
 
-    def _refusal(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    @property
+    def _refusal(self) -> grpc.RpcMethodHandler:
         message = self._message
 
-        async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
+        async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-        if not handler.response_streaming:
-            return grpc.unary_unary_rpc_method_handler(
-                refuse,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-
-        async def refuse_stream(request: Any, context: grpc.aio.ServicerContext):
-            await refuse(request, context)
-            yield  # pragma: no cover (abort raises)
-
-        streaming = (
-            grpc.stream_stream_rpc_method_handler
-            if handler.request_streaming
-            else grpc.unary_stream_rpc_method_handler
-        )
-        return streaming(
-            refuse_stream,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return grpc.stream_unary_rpc_method_handler(refuse)
 
 
 class CallMetadataInterceptor(grpc.aio.UnaryUnaryClientInterceptor):

@@ -1,4 +1,7 @@
-"""The checks every public API makes before a request enters the engine."""
+"""The checks every public API makes before a request enters the engine.
+
+Every value is checked here, ranges included, so nothing a client sends can fail inside a
+step, where it would take the requests batched beside it down too."""
 
 from __future__ import annotations
 
@@ -8,6 +11,9 @@ from collections.abc import Iterable
 from coordinator.engine import ModelLimits
 from coordinator.errors import InvalidRequest
 from coordinator.request import MIN_SAMPLING_TEMPERATURE, Request, SamplingParams
+
+MAX_SEED = 2**64 - 1  # the services' seed is a uint64 (common.proto)
+MAX_REQUEST_ID_CHARS = 256
 
 
 def checked_request(
@@ -23,15 +29,33 @@ def checked_request(
     stop_token_ids: Iterable[int] = (),
     ignore_eos: bool = False,
     k_cap: int | None = None,
+    scope: str = "",
 ) -> Request:
     """A `Request`, or InvalidRequest saying which value is wrong and what would fit.
+    Within the engine the request is ``scope/request_id``, apart from other callers'.
 
     ``top_p`` 0 and ``max_tokens`` None or 0 mean unset (the rest of the context)."""
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidRequest(
+            f"request_id has {len(request_id)} characters; at most {MAX_REQUEST_ID_CHARS}"
+        )
     if not prompt_ids:
         raise InvalidRequest("empty prompt")
-    too_big = next((t for t in prompt_ids if t >= limits.vocab_size), None)
+    too_big = next((t for t in prompt_ids if not 0 <= t < limits.vocab_size), None)
     if too_big is not None:
         raise InvalidRequest(f"token id {too_big} is out of range (vocab size {limits.vocab_size})")
+    stop_token_ids = frozenset(stop_token_ids)
+    outside = sorted(t for t in stop_token_ids if not 0 <= t < limits.vocab_size)
+    if outside:
+        raise InvalidRequest(
+            f"stop_token_ids {outside} are out of range (vocab size {limits.vocab_size})"
+        )
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise InvalidRequest(f"seed must be an integer in [0, 2^64 - 1], got {seed}")
+    if max_tokens is not None and max_tokens < 0:
+        raise InvalidRequest(f"max_tokens must be >= 0 (0 = unset), got {max_tokens}")
+    if k_cap is not None and k_cap < 0:
+        raise InvalidRequest(f"num_speculative_tokens must be >= 0, got {k_cap}")
     if not math.isfinite(temperature) or temperature < 0:
         raise InvalidRequest(
             f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}"
@@ -54,7 +78,8 @@ def checked_request(
             f"({limits.max_model_len}); lower max_tokens to at most {room}"
         )
     return Request(
-        request_id=request_id,
+        request_id=f"{scope}/{request_id}" if scope else request_id,
+        client_request_id=request_id,
         prompt_ids=prompt_ids,
         sampling=SamplingParams(
             # As in vLLM, temperatures too small to divide logits by safely are greedy.
@@ -64,7 +89,7 @@ def checked_request(
             seed=seed,
         ),
         max_tokens=max_tokens,
-        stop_token_ids=frozenset(stop_token_ids),
+        stop_token_ids=stop_token_ids,
         ignore_eos=ignore_eos,
         k_cap=k_cap,
     )

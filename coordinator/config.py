@@ -163,7 +163,9 @@ class CoordinatorConfig:
     kv_scales_file: str = ""  # JSON {"draft": table, "target": table} overriding the services
     draft_rebuild_every_step: bool = False  # control runs: re-ingest the whole log every step
     metrics_port: int = 0  # Prometheus /metrics; 0 = off
-    api_key: str = ""  # required as "authorization: Bearer KEY"; also SPECDEC_API_KEY
+    # Required as "authorization: Bearer KEY"; comma-separated keys each open the API, and
+    # one key's requests are invisible to another's. Also SPECDEC_API_KEY.
+    api_key: str = ""
     tls_cert: str = ""  # PEM certificate: the public port serves TLS (and mutual TLS, below)
     tls_key: str = ""  # PEM private key of tls_cert
     tls_ca: str = ""  # PEM CA: mutual TLS to the model services (verify them, show tls_cert)

@@ -20,7 +20,7 @@ from opentelemetry import trace
 
 from coordinator.config import CoordinatorConfig
 from coordinator.draft_breaker import DraftBreaker
-from coordinator.errors import InvalidRequest, NotReady, ServiceError, SpecDecError
+from coordinator.errors import Cancelled, InvalidRequest, NotReady, ServiceError, SpecDecError
 from coordinator.messages import (
     Proposals,
     checked_proposal,
@@ -124,6 +124,9 @@ class Engine:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="engine")
 
     async def stop(self) -> None:
+        """Fails what is left, then releases everything departed on both services before
+        returning (each release bounded by its timeout): a stopping coordinator leaves no
+        KV held, even of requests that finished just before."""
         await self.draft_breaker.stop()
         if self._task is not None:
             self._task.cancel()
@@ -133,6 +136,10 @@ class Engine:
         for request in list(self.requests.values()):
             self._finish(request, error=NotReady("coordinator is shutting down"))
         await self._flush_releases()
+        if self.draft is not None and self._draft_orphans:
+            # Released while the draft was down: one last try, in case it is back.
+            ids, self._draft_orphans = self._draft_orphans, []
+            await self._release(self.draft, ids, self.config.draft_timeout)
 
     def add_request(self, request: Request) -> None:
         if self.draining:
@@ -143,18 +150,24 @@ class Engine:
                 "reports SERVING"
             )
         if request.request_id in self.requests:
-            raise InvalidRequest(f"request_id {request.request_id!r} is already in flight")
+            raise InvalidRequest(f"request_id {request.client_request_id!r} is already in flight")
         request.arrival_time = time.monotonic()
         self.scheduler.add(request)
         self.requests[request.request_id] = request
         self._wakeup.set()
 
-    def abort(self, request_id: str) -> None:
-        """Drops a request (client cancelled or deadline); its KV is released on both sides."""
+    def abort(self, request_id: str, reason: str = "the client cancelled it") -> bool:
+        """Drops a request; its KV is released on both sides, and its stream (if it still
+        listens) ends with CANCELLED saying ``reason``. False when no such request runs."""
         request = self.requests.get(request_id)
         if request is None or request.is_done:
-            return
-        self._finish(request, status=RequestStatus.ABORTED)
+            return False
+        self._finish(
+            request,
+            error=Cancelled(f"request {request.client_request_id!r} was aborted: {reason}"),
+            status=RequestStatus.ABORTED,
+        )
+        return True
 
     @property
     def num_unfinished(self) -> int:
@@ -594,8 +607,7 @@ class Engine:
         self.requests.pop(request.request_id, None)
         self._pending_release.append(request.request_id)
         self._wakeup.set()
-        if status is not RequestStatus.ABORTED:
-            request.outputs.put_nowait(RequestOutput(tokens or [], reason, error))
+        request.outputs.put_nowait(RequestOutput(tokens or [], reason, error))
         if self.metrics is not None:
             label = reason or ("abort" if status is RequestStatus.ABORTED else "error")
             self.metrics.num_requests.labels(finished_reason=label).inc()
@@ -610,7 +622,12 @@ class Engine:
             calls.append(self._release(self.draft, ids, self.config.draft_timeout))
         elif self.draft is not None:
             self._draft_orphans.extend(ids)
-        await asyncio.gather(*calls)
+        try:
+            await asyncio.gather(*calls)
+        except asyncio.CancelledError:
+            # Stopped mid-release: `stop` sends them again (releasing twice is harmless).
+            self._pending_release[:0] = ids
+            raise
 
     async def _release(self, stub: Any, ids: list[str], timeout: float) -> None:
         try:

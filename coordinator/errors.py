@@ -15,6 +15,10 @@ class QueueFull(SpecDecError):
     """Too many requests are waiting."""
 
 
+class Cancelled(SpecDecError):
+    """The request was aborted (an Abort call, a stop string, a draining coordinator)."""
+
+
 class NotReady(SpecDecError):
     """The coordinator is not connected or is draining."""
 

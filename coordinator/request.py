@@ -82,10 +82,12 @@ class Request:
         stop_token_ids: frozenset[int] = frozenset(),
         ignore_eos: bool = False,
         k_cap: int | None = None,
+        client_request_id: str | None = None,
     ) -> None:
         if not prompt_ids:
             raise ValueError("empty prompt")
-        self.request_id = request_id
+        self.request_id = request_id  # unique in the engine and on both services
+        self.client_request_id = client_request_id or request_id  # as the client sent it
         self.token_ids: list[int] = list(prompt_ids)
         self.num_prompt_tokens = len(prompt_ids)
         self.sampling = sampling

@@ -151,6 +151,10 @@ class Scheduler:
             return None
         batch_size = len(self.running)
         batch_k = self.speculative.k_for_batch_size(batch_size) if draft_available else 0
+        # A seeded sampled request's tokens depend on its K (which positions are drafted),
+        # so its K never depends on the batch: it runs the batch-size-1 K, or waits a step
+        # when the token budget cannot fit it.
+        seeded_k = self.speculative.k_for_batch_size(1) if draft_available else 0
         plan = StepPlan(step_id=self._next_step_id, batch_size=batch_size, k=batch_k)
         budget = self.max_num_batched_tokens
 
@@ -158,7 +162,12 @@ class Scheduler:
         for request in self.running:
             if request.is_prefilling or budget < 1:
                 continue
-            k = min(self.k_for(request, batch_k), budget - 1)
+            if request.sampling.seed is not None and not request.sampling.greedy:
+                k = self.k_for(request, seeded_k)
+                if 1 + k > budget:
+                    continue
+            else:
+                k = min(self.k_for(request, batch_k), budget - 1)
             plan.decodes.append(DecodeEntry(request, k))
             budget -= 1 + k
         for request in self.running:

@@ -20,7 +20,6 @@ import grpc
 from google.protobuf import json_format
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from tokenizers import Tokenizer
 
 from auth import (
     API_KEY_ENV,
@@ -29,6 +28,7 @@ from auth import (
     BearerTokenServerInterceptor,
     CallMetadataInterceptor,
     bearer,
+    split_keys,
 )
 from auth.tls import TLSFiles
 from coordinator.admission import checked_request
@@ -38,9 +38,10 @@ from coordinator.detokenizer import IncrementalDetokenizer, load_tokenizer
 from coordinator.engine import Engine, ModelLimits
 from coordinator.errors import InvalidRequest, SpecDecError
 from coordinator.metrics import Metrics, create_metrics, serve_metrics
+from coordinator.prompts import PromptEncoder
 from coordinator.request import Request
 from coordinator.stats import SpecStats
-from coordinator.streaming import run_request, status_code
+from coordinator.streaming import caller_scope, run_request, status_code
 from coordinator.streams import StreamedStub
 from coordinator.undecodable import UndecodableRequestInterceptor
 from coordinator.vllm_worker import ServedModel, VllmEngineServicer, add_to_server
@@ -79,50 +80,40 @@ def stats_pb(stats: SpecStats) -> coordinator_pb2.SpecDecodeStats:
     )
 
 
-def prompt_ids_of(
-    message: coordinator_pb2.GenerateRequest,
-    tokenizer: Tokenizer | None,
-    chat_template: ChatTemplate | None,
+async def prompt_ids_of(
+    message: coordinator_pb2.GenerateRequest, encoder: PromptEncoder | None
 ) -> list[int]:
     kind = message.WhichOneof("prompt")
     if kind is None:
         raise InvalidRequest("no prompt: set text, token_ids or messages")
     if kind == "token_ids":
         return list(message.token_ids.ids)
-    if tokenizer is None:
+    if encoder is None:
         raise InvalidRequest(
             f"a {kind} prompt needs a tokenizer: start the coordinator with --tokenizer, "
             "or send token_ids"
         )
     if kind == "text":
-        return tokenizer.encode(message.text).ids
-    if chat_template is None:
-        raise InvalidRequest(
-            "messages need a chat template, and the tokenizer folder's tokenizer_config.json "
-            "has none: send text or token_ids"
-        )
+        return await encoder.encode(message.text)
     chat = [{"role": m.role, "content": m.content} for m in message.messages.messages]
-    try:
-        text = chat_template.render(chat)
-    except ValueError as e:
-        raise InvalidRequest(f"messages: {e}") from None
-    # The template writes the special tokens itself.
-    return tokenizer.encode(text, add_special_tokens=False).ids
+    return await encoder.encode_chat(chat)
 
 
-def build_request(
+async def build_request(
     message: coordinator_pb2.GenerateRequest,
-    tokenizer: Tokenizer | None,
+    encoder: PromptEncoder | None,
     limits: ModelLimits,
-    chat_template: ChatTemplate | None = None,
+    scope: str = "",
 ) -> Request:
-    """Validates a GenerateRequest and turns it into a `Request`; raises InvalidRequest."""
+    """Validates a GenerateRequest and turns it into a `Request`; raises InvalidRequest.
+    ``scope`` keeps the client's request id apart from other callers' (`caller_scope`)."""
     s = message.sampling
     has_cap = message.HasField("num_speculative_tokens")
     return checked_request(
         message.request_id or uuid.uuid4().hex,
-        prompt_ids_of(message, tokenizer, chat_template),
+        await prompt_ids_of(message, encoder),
         limits,
+        scope=scope,
         temperature=s.temperature,
         top_p=s.top_p,
         top_k=s.top_k,
@@ -135,21 +126,17 @@ def build_request(
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
-    def __init__(
-        self,
-        engine: Engine,
-        tokenizer: Tokenizer | None,
-        chat_template: ChatTemplate | None = None,
-    ) -> None:
+    def __init__(self, engine: Engine, encoder: PromptEncoder | None) -> None:
         self.engine = engine
-        self.tokenizer = tokenizer
-        self.chat_template = chat_template
+        self.encoder = encoder
+        self.tokenizer = encoder.tokenizer if encoder else None
 
     async def Generate(
         self, request: coordinator_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[coordinator_pb2.GenerateResponse]:
         try:
-            req = build_request(request, self.tokenizer, self.engine.limits, self.chat_template)
+            scope = caller_scope("coordinator", context)
+            req = await build_request(request, self.encoder, self.engine.limits, scope)
         except SpecDecError as e:
             await context.abort(status_code(e), str(e))
         detokenizer = IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None
@@ -160,7 +147,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 ids = out.token_ids[:-1] if out.finish_reason == "stop" else out.token_ids
                 text = detokenizer.update(ids, final=out.finished)
             response = coordinator_pb2.GenerateResponse(
-                request_id=req.request_id,
+                request_id=req.client_request_id,
                 token_ids=out.token_ids,
                 text=text,
                 num_prompt_tokens=req.num_prompt_tokens,
@@ -276,7 +263,7 @@ def model_limits(
     )
 
 
-def add_vllm_worker(server, engine, tokenizer, config, target, target_info) -> str:
+def add_vllm_worker(server, engine, encoder, config, target, target_info) -> str:
     """Serves ``vllm.grpc.engine.VllmEngine`` (what the SGLang Model Gateway speaks to its
     workers) on ``server``; returns its service name."""
     name = config.served_model_name or os.path.basename(target_info.model.rstrip("/"))
@@ -285,7 +272,7 @@ def add_vllm_worker(server, engine, tokenizer, config, target, target_info) -> s
     async def target_pages() -> common_pb2.ModelInfo:
         return await target.GetInfo(common_pb2.InfoRequest(), timeout=1.0)
 
-    return add_to_server(VllmEngineServicer(engine, tokenizer, model, target_pages), server)
+    return add_to_server(VllmEngineServicer(engine, encoder, model, target_pages), server)
 
 
 async def _none() -> None:
@@ -351,8 +338,13 @@ async def create_server(
         limits = model_limits(config, draft_info, target_info)
         if config.coordinator_id:  # a restart under the same name: free what it held before
             await asyncio.gather(*(release_all_of_caller(stub) for stub in (target, draft) if stub))
-        tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
-        chat_template = ChatTemplate.from_pretrained(config.tokenizer) if config.tokenizer else None
+        encoder = None
+        if config.tokenizer:
+            encoder = PromptEncoder(
+                load_tokenizer(config.tokenizer),
+                ChatTemplate.from_pretrained(config.tokenizer),
+                limits.max_model_len,
+            )
     except BaseException:
         for channel in channels:
             await channel.close()
@@ -378,17 +370,17 @@ async def create_server(
         metrics,
     )
 
-    api_key = config.api_key or os.environ.get(API_KEY_ENV, "")
-    who = f"this coordinator needs its API key (--api-key / {API_KEY_ENV})"
+    api_keys = split_keys(config.api_key or os.environ.get(API_KEY_ENV, ""))
+    who = f"this coordinator needs one of its API keys (--api-key / {API_KEY_ENV})"
     interceptors = [UndecodableRequestInterceptor()]
-    if api_key:
-        interceptors.insert(0, BearerTokenServerInterceptor(api_key, who))
+    if api_keys:
+        interceptors.insert(0, BearerTokenServerInterceptor(api_keys, who))
     server = grpc.aio.server(interceptors=interceptors, options=public_message_limits(limits))
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
-        CoordinatorServicer(engine, tokenizer, chat_template), server
+        CoordinatorServicer(engine, encoder), server
     )
     services = [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME]
-    services.append(add_vllm_worker(server, engine, tokenizer, config, target, target_info))
+    services.append(add_vllm_worker(server, engine, encoder, config, target, target_info))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(services, server)

@@ -8,8 +8,16 @@ from collections.abc import AsyncIterator
 import grpc
 from opentelemetry import trace
 
+from auth import key_scope
 from coordinator.engine import Engine
-from coordinator.errors import InvalidRequest, NotReady, QueueFull, ServiceError, SpecDecError
+from coordinator.errors import (
+    Cancelled,
+    InvalidRequest,
+    NotReady,
+    QueueFull,
+    ServiceError,
+    SpecDecError,
+)
 from coordinator.request import Request, RequestOutput
 from telemetry.tracing import context_from_metadata
 
@@ -19,7 +27,15 @@ _STATUS_BY_ERROR: dict[type[SpecDecError], grpc.StatusCode] = {
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
     QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     NotReady: grpc.StatusCode.UNAVAILABLE,
+    Cancelled: grpc.StatusCode.CANCELLED,
 }
+
+
+def caller_scope(api: str, context: grpc.aio.ServicerContext) -> str:
+    """Where a caller's request ids live: per public API, and per API key when keys are
+    on, so no client can abort, or collide with, another's request."""
+    key = key_scope(context.invocation_metadata())
+    return f"{api}:{key}" if key else api
 
 
 def status_code(error: BaseException) -> grpc.StatusCode:

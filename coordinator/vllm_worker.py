@@ -30,10 +30,12 @@ from coordinator.admission import checked_request
 from coordinator.detokenizer import IncrementalDetokenizer
 from coordinator.engine import Engine
 from coordinator.errors import InvalidRequest, SpecDecError
+from coordinator.prompts import PromptEncoder
 from coordinator.request import Request
-from coordinator.streaming import run_request, status_code
+from coordinator.streaming import caller_scope, run_request, status_code
 
 SERVICE_NAME = vllm_engine_pb2.DESCRIPTOR.services_by_name["VllmEngine"].full_name
+API_SCOPE = "vllm"  # this API's request ids, apart from specdec.v1.Coordinator's
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -95,8 +97,11 @@ def unsupported_fields(message: vllm_engine_pb2.GenerateRequest) -> list[str]:
     return [name for name, is_asked in asked.items() if is_asked]
 
 
-def request_from_proto(
-    message: vllm_engine_pb2.GenerateRequest, engine: Engine, tokenizer: Tokenizer | None
+async def request_from_proto(
+    message: vllm_engine_pb2.GenerateRequest,
+    engine: Engine,
+    encoder: PromptEncoder | None,
+    scope: str = "",
 ) -> Request:
     """A `Request`, or InvalidRequest naming what is wrong or not supported."""
     refused = unsupported_fields(message)
@@ -108,8 +113,8 @@ def request_from_proto(
     kind = message.WhichOneof("input")
     if kind == "tokenized":
         prompt_ids = list(message.tokenized.input_ids)
-    elif kind == "text" and tokenizer is not None:
-        prompt_ids = tokenizer.encode(message.text).ids
+    elif kind == "text" and encoder is not None:
+        prompt_ids = await encoder.encode(message.text)
     elif kind == "text":
         raise InvalidRequest("a text prompt needs the coordinator's --tokenizer; send token ids")
     else:
@@ -119,6 +124,7 @@ def request_from_proto(
         message.request_id or uuid.uuid4().hex,
         prompt_ids,
         engine.limits,
+        scope=scope,
         temperature=p.temperature if p.HasField("temperature") else 1.0,  # vLLM's default
         top_p=p.top_p,
         top_k=p.top_k,
@@ -174,12 +180,13 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
     def __init__(
         self,
         engine: Engine,
-        tokenizer: Tokenizer | None,
+        encoder: PromptEncoder | None,
         model: ServedModel,
         target_info,  # async () -> specdec.v1.ModelInfo of the target, for its KV pages
     ) -> None:
         self.engine = engine
-        self.tokenizer = tokenizer
+        self.encoder = encoder
+        self.tokenizer = encoder.tokenizer if encoder else None
         self.model = model
         self.target_info = target_info
         self.started = time.time()
@@ -189,7 +196,8 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
         self, request: vllm_engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[vllm_engine_pb2.GenerateResponse]:
         try:
-            req = request_from_proto(request, self.engine, self.tokenizer)
+            scope = caller_scope(API_SCOPE, context)
+            req = await request_from_proto(request, self.engine, self.encoder, scope)
             stops = StopStrings(list(request.sampling_params.stop), self.tokenizer)
         except SpecDecError as e:
             await context.abort(status_code(e), str(e))
@@ -233,8 +241,9 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
     async def Abort(
         self, request: vllm_engine_pb2.AbortRequest, context: grpc.aio.ServicerContext
     ) -> vllm_engine_pb2.AbortResponse:
+        scope = caller_scope(API_SCOPE, context)
         for request_id in request.request_ids:
-            self.engine.abort(request_id)
+            self.engine.abort(f"{scope}/{request_id}", "VllmEngine.Abort")
         return vllm_engine_pb2.AbortResponse()
 
     async def HealthCheck(

@@ -12,6 +12,8 @@ import asyncio
 
 import grpc
 
+from coordinator.prompts import PromptEncoder
+from coordinator.server import build_request
 from protos.specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 
 VOCAB = 100
@@ -51,6 +53,7 @@ class FakeTarget:
         self.entry_errors: dict[str, tuple[str, str]] = {}  # request -> (code, message)
         self.metadata: list[dict[str, str]] = []  # gRPC metadata of each Verify
         self.delay = delay
+        self.release_delay = 0.0  # seconds a Release takes before it takes effect
         # Model work, GetInfo's included, runs one call at a time, as on the real service.
         self.model_thread = asyncio.Lock()
 
@@ -109,6 +112,7 @@ class FakeTarget:
         return target_pb2.VerifyResponse(results=results)
 
     async def Release(self, request, timeout=None, metadata=None):
+        await asyncio.sleep(self.release_delay)
         self.released.extend(request.request_ids)
         for rid in request.request_ids:
             self.held.pop(rid, None)
@@ -263,3 +267,9 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
 
     async def GetInfo(self, request, context):
         return await self.fake.GetInfo(request)
+
+
+def build(limits, message, tokenizer=None, template=None, scope=""):
+    """``server.build_request`` as the Coordinator servicer calls it."""
+    encoder = PromptEncoder(tokenizer, template, limits.max_model_len) if tokenizer else None
+    return asyncio.run(build_request(message, encoder, limits, scope))

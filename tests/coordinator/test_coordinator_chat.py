@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from coordinator_fakes import build
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from coordinator.chat import ChatTemplate
 from coordinator.engine import ModelLimits
 from coordinator.errors import InvalidRequest
-from coordinator.server import build_request
 from protos.specdec.v1 import common_pb2, coordinator_pb2
 
 CHATML = (
@@ -64,7 +64,7 @@ def test_a_messages_prompt_is_the_rendered_template_tokenised_with_special_token
             messages=[coordinator_pb2.ChatMessage(**m) for m in CHAT]
         )
     )
-    req = build_request(message, tokenizer, LIMITS, template)
+    req = build(LIMITS, message, tokenizer, template)
     rendered = template.render(CHAT)
     assert req.prompt_ids == tokenizer.encode(rendered, add_special_tokens=False).ids
     assert req.prompt_ids.count(tokenizer.token_to_id("<|im_start|>")) == 5
@@ -85,7 +85,7 @@ def test_bad_messages_are_invalid_requests_naming_the_field(folder, messages, er
         )
     )
     with pytest.raises(InvalidRequest, match=error.replace("[", r"\[").replace("]", r"\]")):
-        build_request(message, tokenizer, LIMITS, ChatTemplate.from_pretrained(str(folder)))
+        build(LIMITS, message, tokenizer, ChatTemplate.from_pretrained(str(folder)))
 
 
 def test_messages_without_a_chat_template_are_refused(folder, tmp_path):
@@ -95,4 +95,4 @@ def test_messages_without_a_chat_template_are_refused(folder, tmp_path):
         messages=coordinator_pb2.ChatMessages(messages=[coordinator_pb2.ChatMessage(**CHAT[1])])
     )
     with pytest.raises(InvalidRequest, match="chat template"):
-        build_request(message, tokenizer, LIMITS, None)
+        build(LIMITS, message, tokenizer, None)

@@ -18,7 +18,7 @@ from coordinator_fakes import (
 
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import Engine, ModelLimits
-from coordinator.errors import ServiceError
+from coordinator.errors import Cancelled, ServiceError
 from coordinator.request import Request, SamplingParams
 from coordinator.stats import SpecStats
 
@@ -324,6 +324,48 @@ def test_abort_releases_the_request_on_both_services():
     assert "a" in target.released and any("a" in ids for ids in draft.releases)
     assert "a" not in target.held and "a" not in draft.logs
     assert engine.num_unfinished == 0
+
+
+def test_abort_ends_the_stream_with_cancelled_saying_why():
+    engine = make_engine(FakeDraft(), FakeTarget(delay=0.01))
+    r = make_request("a", [1, 2, 3], max_tokens=MAX_MODEL_LEN - 3, ignore_eos=True)
+
+    async def scenario():
+        engine.start()
+        engine.add_request(r)
+        await asyncio.wait_for(r.outputs.get(), 5)
+        assert engine.abort("a", "VllmEngine.Abort") and not engine.abort("a")
+        outcome = await collect(r)  # ends at once: no hang until the client's deadline
+        await engine.stop()
+        return outcome
+
+    _, reason, error = asyncio.run(scenario())
+    assert reason is None and isinstance(error, Cancelled)
+    assert "'a' was aborted: VllmEngine.Abort" in str(error)
+
+
+def test_stopping_mid_release_still_releases_on_both_services():
+    draft, target = FakeDraft(), FakeTarget()
+    target.release_delay = 0.2
+    engine = make_engine(draft, target)
+
+    async def scenario():
+        outcome = await run_until_release_starts(engine, make_request("a", [1, 2, 3], 4))
+        await engine.stop()  # cancels the loop inside its Release call
+        return outcome
+
+    tokens, reason, _ = asyncio.run(scenario())
+    assert reason == "length" and len(tokens) == 4
+    assert "a" in target.released and not target.held
+    assert any("a" in ids for ids in draft.releases) and not draft.logs
+
+
+async def run_until_release_starts(engine: Engine, request: Request) -> tuple:
+    engine.start()
+    engine.add_request(request)
+    outcome = await collect(request)
+    await asyncio.sleep(0.05)  # the loop is now inside the slow Release
+    return outcome
 
 
 def test_metrics_count_what_the_stats_count():

@@ -104,6 +104,24 @@ def test_per_batch_size_table_picks_k_from_the_number_of_running_requests():
     assert plan.decodes[0].k == 0 and plan.propose == []
 
 
+def test_a_seeded_sampled_request_keeps_the_batch_size_1_k_whatever_runs_beside_it():
+    s = make_scheduler('{"num_speculative_tokens_per_batch_size": [[1, 1, 4], [2, 8, 1]]}')
+    seeded = SamplingParams(temperature=0.8, seed=7)
+    a = Request("seeded", [1, 2, 3, 4], seeded, 100)
+    b, c = make_request("b", 4), make_request("c", 4)
+    for r in (a, b, c):
+        s.add(r)
+    apply(s.schedule())  # prefills
+    s.max_num_batched_tokens = 7
+    plan = s.schedule()
+    ks = {d.request.request_id: d.k for d in plan.decodes}
+    assert plan.batch_size == 3 and ks == {"seeded": 4, "b": 1}  # c waits: no budget left
+    apply(plan)
+    # An unseeded sampled request follows the batch's K.
+    unseeded = Request("u", [1, 2], SamplingParams(temperature=0.8), 100)
+    assert s.k_for(unseeded, plan.k) == 1
+
+
 def test_k0_step_still_ingests_committed_tokens():
     s = make_scheduler('{"num_speculative_tokens": 0}')
     r = make_request("a", 4)

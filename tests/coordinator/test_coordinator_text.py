@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from coordinator_fakes import build
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from coordinator.detokenizer import IncrementalDetokenizer
 from coordinator.engine import ModelLimits
 from coordinator.errors import InvalidRequest
-from coordinator.server import build_request
 from protos.specdec.v1 import common_pb2, coordinator_pb2
 
 
@@ -73,15 +73,15 @@ def gen(**kw) -> coordinator_pb2.GenerateRequest:
 )
 def test_invalid_requests_are_refused_with_a_reason(message, error):
     with pytest.raises(InvalidRequest, match=error):
-        build_request(message, None, LIMITS)
+        build(LIMITS, message)
 
 
 def test_request_defaults_unset_top_p_and_max_tokens(byte_tokenizer):
-    req = build_request(gen(request_id="x", num_speculative_tokens=0), None, LIMITS)
+    req = build(LIMITS, gen(request_id="x", num_speculative_tokens=0))
     assert req.request_id == "x" and req.sampling.top_p == 1.0
     assert req.max_tokens == 32 - 3 and req.k_cap == 0
-    assert build_request(gen(), None, LIMITS).k_cap is None
-    text_req = build_request(coordinator_pb2.GenerateRequest(text="hé"), byte_tokenizer, LIMITS)
+    assert build(LIMITS, gen()).k_cap is None
+    text_req = build(LIMITS, coordinator_pb2.GenerateRequest(text="hé"), byte_tokenizer)
     assert text_req.prompt_ids == byte_tokenizer.encode("hé").ids
 
 
@@ -106,6 +106,6 @@ def test_each_delta_decodes_a_window_not_the_whole_output(byte_tokenizer):
 @pytest.mark.parametrize("temperature", [1e-38, 1e-45, 9e-6])
 def test_temperatures_too_small_to_divide_by_are_greedy(temperature):
     message = gen(sampling=common_pb2.SamplingParams(temperature=temperature, top_k=5))
-    assert build_request(message, None, LIMITS).sampling.greedy
+    assert build(LIMITS, message).sampling.greedy
     sampled = gen(sampling=common_pb2.SamplingParams(temperature=1e-4))
-    assert build_request(sampled, None, LIMITS).sampling.temperature == pytest.approx(1e-4)
+    assert build(LIMITS, sampled).sampling.temperature == pytest.approx(1e-4)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import zipfile
@@ -14,6 +15,7 @@ from tokenizers import Tokenizer
 from coordinator.engine import ModelLimits
 from coordinator.errors import InvalidRequest
 from coordinator.launcher import TINY_TARGET
+from coordinator.prompts import PromptEncoder
 from coordinator.vllm_worker import (
     StopStrings,
     request_from_proto,
@@ -35,6 +37,13 @@ def tokenizer() -> Tokenizer:
     return Tokenizer.from_file(str(TINY_TARGET / "tokenizer.json"))
 
 
+def from_proto(message, tokenizer=None, scope=""):
+    """``request_from_proto`` as the servicer calls it."""
+    limit = ENGINE.limits.max_model_len
+    encoder = PromptEncoder(tokenizer, None, limit) if tokenizer else None
+    return asyncio.run(request_from_proto(message, ENGINE, encoder, scope))
+
+
 def generate(**sampling) -> pb.GenerateRequest:
     return pb.GenerateRequest(
         request_id="r1",
@@ -44,14 +53,12 @@ def generate(**sampling) -> pb.GenerateRequest:
 
 
 def test_defaults_follow_vllm():
-    req = request_from_proto(generate(), ENGINE, None)
+    req = from_proto(generate())
     assert req.sampling.temperature == 1.0  # unset temperature: vLLM's default
     assert req.sampling.top_p == 1.0 and req.sampling.top_k == 0
     assert req.max_tokens == 2048 - 3  # unset max_tokens: the rest of the context
-    req = request_from_proto(
-        generate(temperature=0, max_tokens=9, seed=4, stop_token_ids=[11], ignore_eos=True),
-        ENGINE,
-        None,
+    req = from_proto(
+        generate(temperature=0, max_tokens=9, seed=4, stop_token_ids=[11], ignore_eos=True)
     )
     assert req.sampling.greedy and req.sampling.seed == 4 and req.max_tokens == 9
     assert req.stop_token_ids == {11} and req.ignore_eos
@@ -76,7 +83,7 @@ def test_what_specdec_cannot_honour_is_refused_by_name(sampling, field):
     message = generate(**sampling)
     assert unsupported_fields(message) == [field]
     with pytest.raises(InvalidRequest, match=field.replace(".", r"\.")):
-        request_from_proto(message, ENGINE, None)
+        from_proto(message)
 
 
 def test_neutral_values_are_not_refused():
@@ -90,17 +97,54 @@ def test_neutral_values_are_not_refused():
 
 def test_bad_values_and_missing_input_are_invalid(tokenizer):
     with pytest.raises(InvalidRequest, match="top_p"):
-        request_from_proto(generate(top_p=1.5), ENGINE, None)
+        from_proto(generate(top_p=1.5))
     with pytest.raises(InvalidRequest, match="out of range"):
-        request_from_proto(
-            pb.GenerateRequest(tokenized=pb.TokenizedInput(input_ids=[9999])), ENGINE, None
-        )
+        from_proto(pb.GenerateRequest(tokenized=pb.TokenizedInput(input_ids=[9999])))
     with pytest.raises(InvalidRequest, match="no prompt"):
-        request_from_proto(pb.GenerateRequest(), ENGINE, None)
+        from_proto(pb.GenerateRequest())
     with pytest.raises(InvalidRequest, match="--tokenizer"):
-        request_from_proto(pb.GenerateRequest(text="hi"), ENGINE, None)
-    req = request_from_proto(pb.GenerateRequest(text="def f"), ENGINE, tokenizer)
+        from_proto(pb.GenerateRequest(text="hi"))
+    req = from_proto(pb.GenerateRequest(text="def f"), tokenizer)
     assert req.prompt_ids == tokenizer.encode("def f").ids
+
+
+@pytest.mark.parametrize("seed", [-1, -5, -(2**31)])
+def test_a_negative_seed_is_refused_by_name_before_the_engine(seed):
+    with pytest.raises(
+        InvalidRequest, match=rf"seed must be an integer in \[0, 2\^64 - 1\], got {seed}"
+    ):
+        from_proto(generate(seed=seed))
+
+
+def test_stop_token_ids_outside_the_vocabulary_are_refused():
+    with pytest.raises(InvalidRequest, match=r"stop_token_ids \[4096, 70000\] are out of range"):
+        from_proto(generate(stop_token_ids=[70000, 3, 4096]))
+
+
+def test_request_ids_live_in_their_callers_scope():
+    req = from_proto(generate(), scope="vllm:3f2a")
+    assert req.request_id == "vllm:3f2a/r1" and req.client_request_id == "r1"
+    with pytest.raises(InvalidRequest, match="request_id has 257 characters"):
+        from_proto(
+            pb.GenerateRequest(request_id="x" * 257, tokenized=pb.TokenizedInput(input_ids=[5]))
+        )
+
+
+def test_a_text_too_long_to_fit_is_refused_before_it_is_tokenised(tokenizer):
+    class Untouchable:
+        def __init__(self) -> None:
+            self.vocab = tokenizer.get_vocab(with_added_tokens=True)
+
+        def get_vocab(self, with_added_tokens=True):
+            return self.vocab
+
+        def encode_batch(self, *args, **kwargs):
+            raise AssertionError("tokenised a prompt that cannot fit")
+
+    encoder = PromptEncoder(Untouchable(), None, ENGINE.limits.max_model_len)
+    text = "a" * (encoder.max_chars + 1)
+    with pytest.raises(InvalidRequest, match=f"the prompt has {len(text)} characters"):
+        asyncio.run(request_from_proto(pb.GenerateRequest(text=text), ENGINE, encoder))
 
 
 def test_stop_strings_cut_at_the_token_that_completes_the_first_match(tokenizer):
