@@ -4,24 +4,74 @@ model services, sequences owned by their coordinator, idle sequences released.""
 from __future__ import annotations
 
 import sys
+import threading
+import time
 
 import grpc
 import pytest
 from e2e_stack import TARGET, running_stack, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from smg_grpc_proto.generated import vllm_engine_pb2, vllm_engine_pb2_grpc
 
-from coordinator.client import CoordinatorClient, GenerateParams
+from auth import bearer
+from coordinator.client import CoordinatorClient, GenerateParams, generate_request
 from coordinator.launcher import ServiceProcess
-from protos.specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
+from protos.specdec.v1 import (
+    common_pb2,
+    coordinator_pb2_grpc,
+    draft_pb2,
+    draft_pb2_grpc,
+    target_pb2,
+    target_pb2_grpc,
+)
 
 KEY = "test-key-0123"
+OTHER_KEY = "test-key-4567"
 PARAMS = GenerateParams(max_tokens=8, ignore_eos=True)
+MIB = 1024 * 1024
 
 
 @pytest.fixture(scope="module")
 def stack():
-    with running_stack(api_key=KEY) as s:
+    with running_stack(api_key=f"{KEY},{OTHER_KEY}") as s:
         yield s
+
+
+def resident_mib(stack, name: str) -> float:
+    (process,) = [p for p in stack.processes if p.name == name]
+    with open(f"/proc/{process.proc.pid}/status") as f:
+        line = next(line for line in f if line.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+@pytest.mark.parametrize("service", ["target", "draft"])
+def test_unauthenticated_messages_are_refused_before_they_are_read(stack, service):
+    address, method, message = {
+        "target": (
+            stack.target_address,
+            "/specdec.v1.TargetService/Verify",
+            target_pb2.VerifyRequest(
+                prefill=[target_pb2.PrefillChunk(request_id="big", token_ids=[2**21] * (5 * MIB))]
+            ),
+        ),
+        "draft": (
+            stack.draft_address,
+            "/specdec.v1.DraftService/Step",
+            draft_pb2.DraftStepRequest(
+                ingest=[draft_pb2.IngestPlan(request_id="big", token_ids=[2**21] * (5 * MIB))]
+            ),
+        ),
+    }[service]
+    payload = message.SerializeToString()
+    assert len(payload) >= 20 * MIB  # under the tiny pair's 24 MiB message limit
+    before = resident_mib(stack, service)
+    options = [("grpc.max_send_message_length", 64 * MIB)]
+    with grpc.insecure_channel(address, options=options) as channel:
+        call = channel.unary_unary(method)
+        futures = [call.future(payload, timeout=60) for _ in range(16)]
+        codes = [f.exception().code() if f.exception() else None for f in futures]
+    assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 16
+    assert resident_mib(stack, service) - before < 100
 
 
 @pytest.mark.parametrize("key", ["", "wrong-key", KEY + "x"])
@@ -132,3 +182,60 @@ def test_a_target_process_releases_sequences_nobody_touches():
     finally:
         process.stop()
     assert any("released 1 sequences idle" in line for line in process.lines)
+
+
+def _stream(stack, api: str, key: str, prompt: list[int], max_tokens: int, outcome: dict):
+    """Streams a greedy request named "shared" through ``api`` ("vllm" or "coordinator")
+    with ``key``, counting tokens into ``outcome`` and how it ended."""
+    with grpc.insecure_channel(stack.address) as channel:
+        if api == "vllm":
+            request = vllm_engine_pb2.GenerateRequest(
+                request_id="shared",
+                tokenized=vllm_engine_pb2.TokenizedInput(input_ids=prompt),
+                sampling_params=vllm_engine_pb2.SamplingParams(
+                    temperature=0, max_tokens=max_tokens, ignore_eos=True
+                ),
+                stream=True,
+            )
+            stub = vllm_engine_pb2_grpc.VllmEngineStub(channel)
+        else:
+            params = GenerateParams(max_tokens=max_tokens, ignore_eos=True)
+            request = generate_request(prompt, params, request_id="shared")
+            stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        outcome["tokens"] = 0
+        try:
+            for reply in stub.Generate(request, timeout=120, metadata=(bearer(key),)):
+                chunk = reply.chunk if api == "vllm" else reply
+                outcome["tokens"] += len(chunk.token_ids)
+            outcome["code"] = grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            outcome["code"], outcome["details"] = e.code(), e.details()
+        outcome["ended"] = time.monotonic()
+
+
+def test_an_abort_ends_its_stream_and_reaches_no_other_api_or_key(stack, prompt_ids):
+    prompt = prompt_ids[0]
+    runs = {
+        ("vllm", KEY, 1500): {},  # the one aborted
+        ("vllm", OTHER_KEY, 400): {},  # the same id under another key
+        ("coordinator", KEY, 400): {},  # the same id through the other API
+    }
+    threads = [
+        threading.Thread(target=_stream, args=(stack, api, key, prompt, n, outcome))
+        for (api, key, n), outcome in runs.items()
+    ]
+    for t in threads:
+        t.start()
+    assert wait_until(lambda: all(o.get("tokens", 0) > 0 for o in runs.values()), timeout=60)
+    with grpc.insecure_channel(stack.address) as channel:
+        stub = vllm_engine_pb2_grpc.VllmEngineStub(channel)
+        aborted = time.monotonic()
+        stub.Abort(vllm_engine_pb2.AbortRequest(request_ids=["shared"]), metadata=(bearer(KEY),))
+    for t in threads:
+        t.join(120)
+    mine, other_key, other_api = runs.values()
+    assert mine["code"] == grpc.StatusCode.CANCELLED, mine
+    assert "'shared' was aborted: VllmEngine.Abort" in mine["details"]
+    assert mine["ended"] - aborted < 1.0 and mine["tokens"] < 1500
+    assert other_key["code"] == grpc.StatusCode.OK and other_key["tokens"] == 400
+    assert other_api["code"] == grpc.StatusCode.OK and other_api["tokens"] == 400
