@@ -25,6 +25,7 @@ from coordinator.messages import (
     Proposals,
     checked_proposal,
     draft_step_request,
+    sampling_pb,
     valid_proposals,
     verify_request,
 )
@@ -151,6 +152,10 @@ class Engine:
             )
         if request.request_id in self.requests:
             raise InvalidRequest(f"request_id {request.client_request_id!r} is already in flight")
+        try:
+            request.sampling_message = sampling_pb(request.sampling)
+        except (ValueError, TypeError) as e:
+            raise InvalidRequest(f"sampling parameters: {e}") from None
         request.arrival_time = time.monotonic()
         self.scheduler.add(request)
         self.requests[request.request_id] = request

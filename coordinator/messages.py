@@ -15,6 +15,8 @@ Proposals = dict[str, tuple[list[int], list[common_pb2.SparseProbs]]]
 
 
 def sampling_pb(s: SamplingParams) -> common_pb2.SamplingParams:
+    """The services' message; ValueError for a value out of its range. The engine converts
+    each request once, when it arrives, so a bad value fails that request alone."""
     pb = common_pb2.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
     if s.seed is not None:
         pb.seed = s.seed
@@ -53,7 +55,7 @@ def draft_step_request(
             draft_pb2.ProposeEntry(
                 request_id=d.request.request_id,
                 num_tokens=d.k,
-                sampling=sampling_pb(d.request.sampling),
+                sampling=d.request.sampling_message,
                 ahead_of=(ahead_of or {}).get(d.request.request_id, ((), ()))[0],
                 min_prob=min_prob,
                 prompt_lookup_min=prompt_lookup[0],
@@ -114,7 +116,7 @@ def verify_request(
                 start_position=chunk.start,
                 token_ids=chunk.token_ids,
                 is_last=chunk.is_last,
-                sampling=sampling_pb(chunk.request.sampling),
+                sampling=chunk.request.sampling_message,
             )
         )
     for entry in plan.decodes:
@@ -127,7 +129,7 @@ def verify_request(
                 last_token_id=request.token_ids[-1],
                 proposal_ids=ids,
                 draft_probs=probs,
-                sampling=sampling_pb(request.sampling),
+                sampling=request.sampling_message,
             )
         )
         if plan.num_steps > 1:

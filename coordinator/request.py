@@ -91,6 +91,7 @@ class Request:
         self.token_ids: list[int] = list(prompt_ids)
         self.num_prompt_tokens = len(prompt_ids)
         self.sampling = sampling
+        self.sampling_message: object | None = None  # common_pb2.SamplingParams, set on arrival
         self.max_tokens = max_tokens
         self.stop_token_ids = stop_token_ids
         self.ignore_eos = ignore_eos

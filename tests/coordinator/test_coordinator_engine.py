@@ -18,7 +18,7 @@ from coordinator_fakes import (
 
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import Engine, ModelLimits
-from coordinator.errors import Cancelled, ServiceError
+from coordinator.errors import Cancelled, InvalidRequest, ServiceError
 from coordinator.request import Request, SamplingParams
 from coordinator.stats import SpecStats
 
@@ -342,6 +342,23 @@ def test_abort_ends_the_stream_with_cancelled_saying_why():
     _, reason, error = asyncio.run(scenario())
     assert reason is None and isinstance(error, Cancelled)
     assert "'a' was aborted: VllmEngine.Abort" in str(error)
+
+
+def test_a_value_the_services_cannot_carry_fails_its_request_before_it_joins_a_batch():
+    engine = make_engine(FakeDraft(), FakeTarget())
+    bad = Request("bad", [1, 2, 3], SamplingParams(temperature=0.5, seed=-1), 4)
+    good = make_request("good", [1, 2, 3], max_tokens=4)
+
+    async def scenario():
+        engine.start()
+        with pytest.raises(InvalidRequest, match="sampling parameters: Value out of range: -1"):
+            engine.add_request(bad)
+        engine.add_request(good)
+        outcome = await collect(good)
+        await engine.stop()
+        return outcome
+
+    assert asyncio.run(scenario()) == (expected_output(3, 4), "length", None)
 
 
 def test_stopping_mid_release_still_releases_on_both_services():

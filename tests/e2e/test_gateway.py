@@ -141,6 +141,30 @@ def test_bad_requests_are_4xx_with_a_message(real_stack, client, kwargs, words):
     assert ok.usage.completion_tokens == 2
 
 
+@pytest.mark.parametrize("seed", [-1, -5, -(2**31)])
+def test_a_negative_seed_is_a_400_naming_seed_and_its_neighbours_finish_unchanged(
+    real_stack, client, seed
+):
+    prompts = [f"Tell me about {topic}." for topic in ("rivers", "bread", "owls", "glass")]
+    greedy = {"model": "smollm2", "max_tokens": 24, "temperature": 0}
+    alone = [client.completions.create(prompt=p, **greedy).choices[0].text for p in prompts]
+    texts: list[str] = [""] * len(prompts)
+
+    def stream(i: int) -> None:
+        for chunk in client.completions.create(prompt=prompts[i], stream=True, **greedy):
+            texts[i] += chunk.choices[0].text if chunk.choices else ""
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    with pytest.raises(openai.BadRequestError) as error:
+        client.completions.create(model="smollm2", prompt="Hello", max_tokens=8, seed=seed)
+    for t in threads:
+        t.join(60)
+    assert "seed" in str(error.value)
+    assert texts == alone
+
+
 def test_two_replicas_share_one_draft(prompt_ids, tokenizer):
     # K = 3 at every batch size: the default schedule drafts at batch 1 and 2 only, and eight
     # requests over two replicas run in batches.
