@@ -319,7 +319,7 @@ class Stack:
             self.target_address = self.target_addresses[0]
             self.draft_address = draft.wait_ready(self.timeout) if draft else ""
             coordinators = [
-                self._spawn_coordinator(
+                self.spawn_coordinator(
                     self._replica("coordinator", i),
                     c.port if i == 0 else 0,
                     self.target_addresses[i],
@@ -331,7 +331,7 @@ class Stack:
             self.addresses = [p.wait_ready(self.timeout) for p in coordinators]
             self.address = self.addresses[0]
             if c.with_baseline:
-                self.baseline_address = self._spawn_coordinator(
+                self.baseline_address = self.spawn_coordinator(
                     "baseline-coordinator", 0, self.target_address, "", 0
                 ).wait_ready(self.timeout)
             tls = TLSFiles(c.tls_cert, c.tls_key, c.tls_ca)
@@ -355,7 +355,7 @@ class Stack:
         """A process's name: "target", or "target-1" when there are replicas."""
         return name if self.config.replicas == 1 else f"{name}-{index}"
 
-    def _spawn_coordinator(
+    def spawn_coordinator(
         self, name: str, port: int, target_address: str, draft_address: str, metrics_port: int
     ) -> ServiceProcess:
         """A coordinator named ``name``: the name is also its identity on the model services,
