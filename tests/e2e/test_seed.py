@@ -1,5 +1,5 @@
-"""A seed reproduces sampled speculative output exactly: across runs, batchings and a draft
-rebuilt from the committed log in the middle of the request."""
+"""A seed reproduces sampled speculative output exactly: across runs, batchings (under a
+K schedule too) and a draft rebuilt from the committed log in the middle of the request."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 from e2e_stack import running_stack
 
 from coordinator.client import CoordinatorClient, GenerateParams, generate_concurrently
+from coordinator.launcher import DEFAULT_SPECULATIVE_CONFIG
 
 SPEC_CONFIG = '{"num_speculative_tokens": 3}'
 SEEDS = range(8)
@@ -21,9 +22,9 @@ def together(address: str, prompts: list) -> list[list[int]]:
     return [o.token_ids for o in outs]
 
 
-def one_at_a_time(address: str, prompts: list) -> list[list[int]]:
+def one_at_a_time(address: str, prompts: list, seeds=SEEDS) -> list[list[int]]:
     with CoordinatorClient(address) as client:
-        pairs = zip(prompts, SEEDS, strict=True)
+        pairs = zip(prompts, seeds, strict=True)
         return [client.generate(p, params(s)).token_ids for p, s in pairs]
 
 
@@ -68,3 +69,22 @@ def test_a_seed_reproduces_output_when_the_draft_is_rebuilt_from_the_log_every_s
 def test_unseeded_requests_draw_fresh_entropy(reference):
     unseeded = reference[3]
     assert len({tuple(t) for t in unseeded}) == len(unseeded)
+
+
+def test_a_seeded_request_gives_the_same_tokens_beside_eight_others_under_the_k_schedule(
+    prompt_ids,
+):
+    # The default schedule drafts K = 6 alone, 4 beside one other and none from three on:
+    # a seeded request keeps its batch-size-1 K, so the crowd does not change its tokens.
+    seeds = range(20)
+    prompts = [prompt_ids[i % len(prompt_ids)] for i in seeds]
+    neighbours = GenerateParams(max_tokens=32, temperature=0.9, ignore_eos=True)
+    with running_stack(speculative_config=DEFAULT_SPECULATIVE_CONFIG) as stack:
+        alone = one_at_a_time(stack.address, prompts, seeds)
+        crowded = []
+        for prompt, seed in zip(prompts, seeds, strict=True):
+            crowd = [prompt] + [prompt_ids[(seed + j) % len(prompt_ids)] for j in range(1, 9)]
+            _, outs = generate_concurrently(stack.address, crowd, [params(seed)] + [neighbours] * 8)
+            crowded.append(outs[0].token_ids)
+    assert crowded == alone
+    assert len({tuple(t) for t in alone}) == len(alone)
