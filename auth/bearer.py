@@ -43,12 +43,17 @@ class BearerTokenServerInterceptor(grpc.aio.ServerInterceptor):
     consume and has no deserializer, so an unauthenticated message is neither buffered
     whole nor parsed (gRPC's flow control stops the sender after its first window)."""
 
-    def __init__(self, tokens: str | tuple[str, ...], who: str) -> None:
+    def __init__(
+        self, tokens: str | tuple[str, ...], who: str, open_services: tuple[str, ...] = ()
+    ) -> None:
+        """``open_services``: method prefixes let in without a token, beside health and
+        reflection."""
         tokens = (tokens,) if isinstance(tokens, str) else tokens
         if not tokens or not all(tokens):
             raise ValueError("an empty token would let anyone in")
         self._tokens = tuple(t.encode() for t in tokens)
         self._message = f"missing or wrong bearer token: {who}"
+        self._open = OPEN_SERVICES + open_services
 
     async def intercept_service(
         self,
@@ -56,7 +61,7 @@ class BearerTokenServerInterceptor(grpc.aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or details.method.startswith(OPEN_SERVICES):
+        if handler is None or details.method.startswith(self._open):
             return handler
         offered = _offered_token(details.invocation_metadata).encode()
         # Every token is compared, so the time taken does not say which one came close.

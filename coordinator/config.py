@@ -166,6 +166,9 @@ class CoordinatorConfig:
     # Required as "authorization: Bearer KEY"; comma-separated keys each open the API, and
     # one key's requests are invisible to another's. Also SPECDEC_API_KEY.
     api_key: str = ""
+    # Serve VllmEngine (the gateway's worker API) without the API key: for a gateway in
+    # front that checks it, since smg sends no key to its gRPC workers.
+    worker_api_without_key: bool = False
     tls_cert: str = ""  # PEM certificate: the public port serves TLS (and mutual TLS, below)
     tls_key: str = ""  # PEM private key of tls_cert
     tls_ca: str = ""  # PEM CA: mutual TLS to the model services (verify them, show tls_cert)

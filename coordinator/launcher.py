@@ -108,6 +108,9 @@ class StackConfig:
     gateway_policy: str = "round_robin"  # smg's --policy across the replicas
     gateway_metrics_port: int = 0  # the gateway's Prometheus /metrics; 0 = any free port
     served_model_name: str = ""  # the model name the gateway's clients send; "" = folder name
+    # The gateway's control-plane (admin) key; "" = a fresh one per start, kept by this
+    # process (its supervisor re-registers a worker the gateway lost).
+    gateway_admin_key: str = ""
 
 
 def model_folder(model: str) -> Path:
@@ -260,6 +263,7 @@ class Stack:
         # Only this stack's coordinators may call its model services: a fresh secret per
         # start, passed through the environment (never the command line).
         self.internal_token = secrets.token_urlsafe(32)
+        self.gateway_admin_key = config.gateway_admin_key or secrets.token_urlsafe(32)
 
     def _spawn_model(self, service: str, name: str, model: str, port: int) -> ServiceProcess:
         """The ``service`` ("target" or "draft") as a process named ``name``."""
@@ -373,6 +377,7 @@ class Stack:
             "--draft-p-min", str(c.draft_p_min), "--metrics-port", str(metrics_port),
             *(["--served-model-name", c.served_model_name] if c.served_model_name else []),
             *(["--draft-rebuild-every-step"] if c.draft_rebuild_every_step else []),
+            *(["--worker-api-without-key"] if c.gateway_port and c.api_key else []),
             *(["--tls-cert", c.tls_cert, "--tls-key", c.tls_key] if c.tls_cert else []),
             *(["--tls-ca", c.tls_ca] if c.tls_ca else []),
         ]  # fmt: skip

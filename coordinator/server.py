@@ -44,6 +44,7 @@ from coordinator.stats import SpecStats
 from coordinator.streaming import caller_scope, run_request, status_code
 from coordinator.streams import StreamedStub
 from coordinator.undecodable import UndecodableRequestInterceptor
+from coordinator.vllm_worker import SERVICE_NAME as VLLM_SERVICE_NAME
 from coordinator.vllm_worker import ServedModel, VllmEngineServicer, add_to_server
 from protos.specdec.v1 import (
     common_pb2,
@@ -374,7 +375,8 @@ async def create_server(
     who = f"this coordinator needs one of its API keys (--api-key / {API_KEY_ENV})"
     interceptors = [UndecodableRequestInterceptor()]
     if api_keys:
-        interceptors.insert(0, BearerTokenServerInterceptor(api_keys, who))
+        keyless = (f"/{VLLM_SERVICE_NAME}/",) if config.worker_api_without_key else ()
+        interceptors.insert(0, BearerTokenServerInterceptor(api_keys, who, keyless))
     server = grpc.aio.server(interceptors=interceptors, options=public_message_limits(limits))
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
         CoordinatorServicer(engine, encoder), server

@@ -4,15 +4,18 @@ A restarted child binds the port it had, so the coordinator (and clients) find i
 they left it; the coordinator already survives a dead service (K = 0 without a draft,
 UNAVAILABLE while the target is away) and re-syncs once it answers. Restarts back off
 exponentially per service (1 s, doubling to 30 s), and the wait resets once a child has
-stayed up for a minute.
+stayed up for a minute. A gateway that no longer lists one of the coordinators (a
+``DELETE /workers/...``, a worker it gave up on) gets it registered again.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import urllib.error
 from dataclasses import dataclass
 
+from coordinator.gateway import register_worker, registered_workers, worker_url
 from coordinator.launcher import Stack
 
 logger = logging.getLogger(__name__)
@@ -20,6 +23,7 @@ logger = logging.getLogger(__name__)
 FIRST_BACKOFF = 1.0
 MAX_BACKOFF = 30.0
 STABLE_AFTER = 60.0  # seconds up after which a child's backoff starts again from FIRST
+GATEWAY_CHECK_INTERVAL = 2.0  # seconds between checks of the gateway's worker list
 
 
 @dataclass
@@ -35,6 +39,7 @@ class Supervisor:
         self.ready_timeout = ready_timeout
         now = time.monotonic()
         self._restarts = {p.name: _Restarts(started=now) for p in stack.processes}
+        self._gateway_checked = now
 
     def poll(self) -> list[str]:
         """Restarts the children that exited and whose backoff has passed; returns one log
@@ -65,4 +70,19 @@ class Supervisor:
                 lines.append(f"{process.name} failed to restart: {e}")
                 continue
             lines.append(f"{process.name} restarted on {fresh.address}")
+        if self.stack.gateway_url and now - self._gateway_checked >= GATEWAY_CHECK_INTERVAL:
+            self._gateway_checked = now
+            lines += self._repair_gateway()
         return lines
+
+    def _repair_gateway(self) -> list[str]:
+        """Registers again each coordinator the gateway no longer lists."""
+        url, key = self.stack.gateway_url, self.stack.gateway_admin_key
+        try:
+            listed = {w.get("url") for w in registered_workers(url, key)}
+            lost = [a for a in self.stack.addresses if worker_url(a) not in listed]
+            for address in lost:
+                register_worker(url, key, address)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            return [f"gateway worker check failed: {e}"]  # a restarting gateway, say
+        return [f"the gateway lost coordinator {a}; registered it again" for a in lost]

@@ -13,7 +13,8 @@ from coordinator.launcher import StackConfig
 
 
 def test_gateway_command_parses_with_smg_and_names_every_coordinator():
-    argv = gateway_argv(["127.0.0.1:5001", "127.0.0.1:5002"], "127.0.0.1", 8000, "least_load", 8001)
+    workers = ["127.0.0.1:5001", "127.0.0.1:5002"]
+    argv = gateway_argv(workers, "127.0.0.1", 8000, "least_load", 8001, "adm", "key")
     assert argv[1:4] == ["-m", "smg", "launch"]
     parser = argparse.ArgumentParser()
     RouterArgs.add_cli_args(parser)
@@ -21,9 +22,11 @@ def test_gateway_command_parses_with_smg_and_names_every_coordinator():
     assert args.worker_urls == ["grpc://127.0.0.1:5001", "grpc://127.0.0.1:5002"]
     assert (args.backend, args.policy, args.port) == ("vllm", "least_load", 8000)
     assert (args.prometheus_host, args.prometheus_port) == ("127.0.0.1", 8001)
+    assert args.control_plane_api_keys == [("specdec", "specdec up", "adm", "admin")]
+    assert args.api_key == "key"
 
 
-def test_an_api_key_with_the_gateway_is_refused_up_front():
-    check_gateway_config(StackConfig(gateway_port=8000))
-    with pytest.raises(RuntimeError, match="--api-key with --gateway-port"):
-        check_gateway_config(StackConfig(gateway_port=8000, api_key="k"))
+def test_the_gateway_takes_one_api_key():
+    check_gateway_config(StackConfig(gateway_port=8000, api_key="k"))
+    with pytest.raises(RuntimeError, match="one --api-key"):
+        check_gateway_config(StackConfig(gateway_port=8000, api_key="k1,k2"))

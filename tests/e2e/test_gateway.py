@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -17,12 +18,14 @@ import pytest
 from e2e_stack import running_stack, wait_until
 
 from coordinator.client import CoordinatorClient, GenerateParams
-from coordinator.gateway import free_port
+from coordinator.gateway import free_port, registered_workers
 from coordinator.launcher import REAL_DRAFT, REAL_TARGET, held_out_prompts
+from coordinator.supervisor import Supervisor
 from protos.specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 12
+KEY = "gateway-test-key"
 
 
 def num_sequences(stub_cls, address: str, stack) -> int:
@@ -33,9 +36,26 @@ def num_sequences(stub_cls, address: str, stack) -> int:
     return info.num_sequences
 
 
-def healthy_workers(gateway_url: str) -> int:
-    with urllib.request.urlopen(gateway_url.removesuffix("/v1") + "/workers") as reply:
-        return sum(1 for w in json.load(reply)["workers"] if w["is_healthy"])
+def healthy_workers(stack) -> int:
+    workers = registered_workers(stack.gateway_url, stack.gateway_admin_key)
+    return sum(1 for w in workers if w["is_healthy"])
+
+
+def control_plane(stack, method: str, path: str, key: str | None) -> int:
+    """The HTTP status of a call to the gateway (its control plane, or the API without a key)."""
+    request = urllib.request.Request(
+        stack.gateway_url.removesuffix("/v1") + path,
+        method=method,
+        data=json.dumps({"url": "grpc://127.0.0.1:1", "runtime": "vllm"}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    if key is not None:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status
+    except urllib.error.HTTPError as e:
+        return e.code
 
 
 @pytest.fixture(scope="module")
@@ -47,19 +67,56 @@ def real_stack():
         draft_model=str(REAL_DRAFT),
         gateway_port=free_port(),
         served_model_name="smollm2",
+        api_key=KEY,
     ) as stack:
         yield stack
 
 
 @pytest.fixture(scope="module")
 def client(real_stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=real_stack.gateway_url, api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=real_stack.gateway_url, api_key=KEY, max_retries=0)
+
+
+def test_the_openai_api_and_the_control_plane_need_their_keys(real_stack, client):
+    stranger = openai.OpenAI(base_url=real_stack.gateway_url, api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        stranger.completions.create(model="smollm2", prompt="Hello", max_tokens=2)
+    assert control_plane(real_stack, "POST", "/v1/completions", None) == 401  # no key at all
+    worker_id = registered_workers(real_stack.gateway_url, real_stack.gateway_admin_key)[0]["id"]
+    for key in (None, "wrong-key", KEY):  # the API key is not the admin key
+        assert control_plane(real_stack, "POST", "/workers", key) == 401
+        assert control_plane(real_stack, "DELETE", f"/workers/{worker_id}", key) == 401
+        assert control_plane(real_stack, "GET", "/workers", key) == 401
+    with (
+        CoordinatorClient(real_stack.address, api_key="") as direct,
+        pytest.raises(grpc.RpcError) as err,
+    ):
+        direct.generate("Hello", GenerateParams(max_tokens=2))
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert healthy_workers(real_stack) == 1
+    assert client.completions.create(model="smollm2", prompt="Hi", max_tokens=2).usage
+
+
+def test_a_worker_removed_from_the_gateway_is_registered_again_by_the_supervisor(
+    real_stack, client
+):
+    url, admin = real_stack.gateway_url, real_stack.gateway_admin_key
+    worker_id = registered_workers(url, admin)[0]["id"]
+    assert control_plane(real_stack, "DELETE", f"/workers/{worker_id}", admin) == 202
+    assert wait_until(lambda: not registered_workers(url, admin), timeout=30)
+    with pytest.raises(openai.APIStatusError):
+        client.completions.create(model="smollm2", prompt="Hi", max_tokens=2)
+    supervisor = Supervisor(real_stack)
+    lines: list[str] = []
+    assert wait_until(lambda: lines.extend(supervisor.poll()) or healthy_workers(real_stack) == 1)
+    assert any("lost coordinator" in line for line in lines)
+    assert client.completions.create(model="smollm2", prompt="Hi", max_tokens=2).usage
 
 
 def test_completions_equal_direct_generate(real_stack, client):
     prompt = "The three primary colours are"
     params = GenerateParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    with CoordinatorClient(real_stack.address) as direct:
+    with CoordinatorClient(real_stack.address, api_key=KEY) as direct:
         expected = direct.generate(prompt, params).text
     reply = client.completions.create(
         model="smollm2", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
@@ -77,7 +134,7 @@ def test_completions_equal_direct_generate(real_stack, client):
 
 def test_chat_completions_use_the_chat_template(real_stack, client):
     chat = held_out_prompts(str(REAL_TARGET), 1)[0]
-    with CoordinatorClient(real_stack.address) as direct:
+    with CoordinatorClient(real_stack.address, api_key=KEY) as direct:
         expected = direct.generate(chat, GenerateParams(max_tokens=MAX_TOKENS)).text
     reply = client.chat.completions.create(
         model="smollm2", messages=chat, max_tokens=MAX_TOKENS, temperature=0
@@ -208,7 +265,7 @@ def test_two_replicas_share_one_draft(prompt_ids, tokenizer):
         draft = (draft_pb2_grpc.DraftServiceStub, stack.draft_address, stack)
         assert num_sequences(*draft) == 1
         # The gateway's health checks take the dead replica out; the other one serves.
-        assert wait_until(lambda: healthy_workers(stack.gateway_url) == 1, timeout=60)
+        assert wait_until(lambda: healthy_workers(stack) == 1, timeout=60)
         for i in range(3):
             ask(i)
             assert outputs[i] == expected[i]
@@ -217,6 +274,6 @@ def test_two_replicas_share_one_draft(prompt_ids, tokenizer):
         revived.wait_ready(120)
         assert wait_until(lambda: num_sequences(*draft) == 0)
         # The gateway routes to it again once its health check passes.
-        assert wait_until(lambda: healthy_workers(stack.gateway_url) == 2, timeout=60)
+        assert wait_until(lambda: healthy_workers(stack) == 2, timeout=60)
         with CoordinatorClient(stack.addresses[1]) as c:
             assert c.generate(prompts[1], params).text == expected[1]
