@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -220,6 +221,45 @@ def test_a_negative_seed_is_a_400_naming_seed_and_its_neighbours_finish_unchange
         t.join(60)
     assert "seed" in str(error.value)
     assert texts == alone
+
+
+def test_huge_prompts_do_not_stall_a_running_stream(real_stack):
+    # Ten 1.4 MB prompts, refused by their size alone, and four just small enough to be
+    # tokenised (then refused for max_model_len): none may hold the coordinator's loop.
+    # (The real target: 8,192 tokens of at most 81 characters each, so 663,552 characters.)
+    huge = ["word " * 280_000] * 10 + ["hello world " * 50_000] * 4
+    gaps: list[float] = []
+
+    def stream() -> None:
+        with CoordinatorClient(real_stack.address, api_key=KEY) as c:
+            last = None
+            params = GenerateParams(max_tokens=200, ignore_eos=True)
+            for _ in c.stream("Write a long story about a lighthouse.", params, timeout=120):
+                now = time.monotonic()
+                if last is not None:
+                    gaps.append(now - last)
+                last = now
+
+    def refused(prompt: str) -> grpc.StatusCode:
+        with CoordinatorClient(real_stack.address, api_key=KEY) as c:
+            try:
+                c.generate(prompt, GenerateParams(max_tokens=4), timeout=60)
+            except grpc.RpcError as e:
+                return e.code()
+        return grpc.StatusCode.OK
+
+    streaming = threading.Thread(target=stream)
+    streaming.start()
+    time.sleep(0.5)
+    codes = []
+    workers = [threading.Thread(target=lambda p=p: codes.append(refused(p))) for p in huge]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(120)
+    streaming.join(120)
+    assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * len(huge)
+    assert len(gaps) > 20 and max(gaps) < 0.2, f"largest inter-token gap {max(gaps):.3f} s"
 
 
 def test_two_replicas_share_one_draft(prompt_ids, tokenizer):
