@@ -12,31 +12,45 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf import empty_pb2
 from google.protobuf.message import DecodeError
 
 
 class _Undecodable:
-    def __init__(self, error: DecodeError) -> None:
-        self.error = error
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def why_undecodable(data: bytes) -> str:
+    """What is wrong with a request that does not parse. Read as a message with no fields
+    (every field unknown, so no field's type or UTF-8 is checked), bytes that still fail
+    are not protobuf wire format at all: cut short or corrupt."""
+    try:
+        empty_pb2.Empty().ParseFromString(data)
+    except DecodeError:
+        return (
+            f"the request's {len(data)} bytes are not a whole protobuf message (truncated "
+            "or corrupt); send the complete serialized request"
+        )
+    return (
+        "a field of the request has a value its type cannot hold; string fields such as "
+        "text must be valid UTF-8"
+    )
 
 
 def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     def deserialize(data: bytes) -> Any:
         try:
             return parse(data)
-        except DecodeError as e:
-            return _Undecodable(e)
+        except DecodeError:
+            return _Undecodable(why_undecodable(data))
 
     return deserialize
 
 
 def _refusing_undecodable(behavior: Callable, streaming: bool) -> Callable:
     async def refuse(request: _Undecodable, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"the request does not parse ({request.error}); string fields such as text "
-            "must be valid UTF-8",
-        )
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
 
     if streaming:
 

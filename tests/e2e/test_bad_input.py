@@ -62,6 +62,8 @@ GENERATE_CASES = {
     "temperature inf": (gen(sampling=sampling(temperature=float("inf"))), INVALID, "temperature"),
     "temperature nan": (gen(sampling=sampling(temperature=float("nan"))), INVALID, "temperature"),
     "top_p > 1": (gen(sampling=sampling(top_p=1.5)), INVALID, "top_p"),
+    "stop token id = vocab": (gen(stop_token_ids=[VOCAB]), INVALID, "stop_token_ids"),
+    "request_id too long": (gen(request_id="r" * 300), INVALID, "request_id has 300"),
     "top_p < 0": (gen(sampling=sampling(top_p=-0.1)), INVALID, "top_p"),
     "top_p nan": (gen(sampling=sampling(top_p=float("nan"))), INVALID, "top_p"),
     "max_tokens past max_model_len": (gen(max_tokens=MAX_LEN), INVALID, "max_model_len"),
@@ -346,15 +348,21 @@ def test_the_table_has_at_least_forty_cases():
     assert len(GENERATE_CASES) + len(TARGET_CASES) + len(DRAFT_CASES) + 1 >= 40
 
 
-def test_generate_refuses_a_text_prompt_that_is_not_utf8(stack, healthy):
-    text_field = b"\x12\x02\xff\xfe"  # GenerateRequest.text (field 2) = bytes ff fe
+@pytest.mark.parametrize(
+    "raw, words",
+    [
+        (b"\x12\x02\xff\xfe", "must be valid UTF-8"),  # GenerateRequest.text = bytes ff fe
+        (b"\x12\x10abc", "not a whole protobuf message (truncated"),  # 16 bytes said, 3 sent
+    ],
+)
+def test_generate_says_why_a_request_does_not_parse(stack, healthy, raw, words):
     with grpc.insecure_channel(stack.address) as channel:
         generate = channel.unary_stream(
             "/specdec.v1.Coordinator/Generate",
             request_serializer=lambda raw: raw,
             response_deserializer=lambda raw: raw,
         )
-        expect(lambda: list(generate(text_field, timeout=30)), INVALID, "UTF-8")
+        expect(lambda: list(generate(raw, timeout=30)), INVALID, words)
     still_serving(stack, healthy)
 
 
