@@ -4,7 +4,10 @@
   coordinator's own services (``SPECDEC_API_KEY`` / ``--api-key``).
 - The internal hops carry a token only the stack's processes know
   (``SPECDEC_INTERNAL_TOKEN``, made by ``specdec up``): the model services refuse any other
-  caller, so nobody who merely reaches their ports can touch a live sequence.
+  caller, so nobody who merely reaches their ports can touch a live sequence. ``specdec
+  up`` gives each coordinator its own credential derived from that secret
+  (``coordinator_credential``), which proves its name to the services: one coordinator
+  cannot release or step another's sequences.
 
 Health checks and server reflection stay open, so probes and ``grpcurl list`` still work.
 Tokens are compared in constant time.
@@ -19,7 +22,9 @@ from auth.bearer import (
     BearerTokenServerInterceptor,
     CallMetadataInterceptor,
     bearer,
+    coordinator_credential,
     key_scope,
+    proven_name,
     split_keys,
 )
 
@@ -30,6 +35,8 @@ __all__ = [
     "BearerTokenServerInterceptor",
     "CallMetadataInterceptor",
     "bearer",
+    "coordinator_credential",
     "key_scope",
+    "proven_name",
     "split_keys",
 ]

@@ -99,7 +99,7 @@ def start_gateway(stack: Stack, port: int) -> str:
         stack.gateway_admin_key,
         c.api_key,
     )
-    process = stack.spawn("gateway", argv, banner=GATEWAY_BANNER)
+    process = stack.spawn("gateway", argv, banner=GATEWAY_BANNER, env={})  # no secret
     url = f"http://{process.wait_ready(stack.timeout)}/v1"
     wait_for_workers(url, stack.gateway_admin_key, len(stack.addresses), stack.timeout, process)
     return url

@@ -24,7 +24,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from auth import API_KEY_ENV, INTERNAL_TOKEN_ENV, bearer
+from auth import API_KEY_ENV, INTERNAL_TOKEN_ENV, bearer, coordinator_credential
 from auth.tls import TLSFiles
 from coordinator.chat import ChatTemplate
 from coordinator.client import Prompt
@@ -381,18 +381,27 @@ class Stack:
             *(["--tls-cert", c.tls_cert, "--tls-key", c.tls_key] if c.tls_cert else []),
             *(["--tls-ca", c.tls_ca] if c.tls_ca else []),
         ]  # fmt: skip
-        return self.spawn(name, argv)
+        # Its own credential, which proves only its own name to the model services.
+        env = {INTERNAL_TOKEN_ENV: coordinator_credential(self.internal_token, name)}
+        if c.api_key:
+            env[API_KEY_ENV] = c.api_key
+        return self.spawn(name, argv, env=env)
 
     @property
     def internal_metadata(self) -> tuple[tuple[str, str], ...]:
         """Call metadata that lets a tool (a benchmark, a test) call the model services."""
         return (bearer(self.internal_token),)
 
-    def spawn(self, name: str, argv: list[str], banner: re.Pattern = BANNER) -> ServiceProcess:
-        """Starts a child of this stack (stopped with it, restarted by the supervisor)."""
-        env = {INTERNAL_TOKEN_ENV: self.internal_token}
-        if self.config.api_key and "coordinator" in name:
-            env[API_KEY_ENV] = self.config.api_key
+    def spawn(
+        self,
+        name: str,
+        argv: list[str],
+        banner: re.Pattern = BANNER,
+        env: dict[str, str] | None = None,
+    ) -> ServiceProcess:
+        """Starts a child of this stack (stopped with it, restarted by the supervisor);
+        ``env`` None gives it the stack's internal secret, as the model services need."""
+        env = {INTERNAL_TOKEN_ENV: self.internal_token} if env is None else env
         process = ServiceProcess(name, argv, self.echo, env, banner)
         self.processes.append(process)
         return process

@@ -29,7 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from auth import INTERNAL_TOKEN_ENV, OWNER_KEY, BearerTokenServerInterceptor
+from auth import INTERNAL_TOKEN_ENV, OWNER_KEY, BearerTokenServerInterceptor, proven_name
 from auth.tls import TLSFiles
 from kernels import dense_ops
 from kernels.attention import ATTENTION_BACKENDS
@@ -257,11 +257,14 @@ class ModelServicer(ABC):
         self.executor = executor
         self._last_touched: dict[str, float] = {}  # request id -> monotonic time
         self._owners: dict[str, str] = {}  # request id -> the coordinator that opened it
+        self._secret = os.environ.get(INTERNAL_TOKEN_ENV, "")
 
-    @staticmethod
-    def caller(context: grpc.aio.ServicerContext) -> str:
-        """The calling coordinator's identity ("" when it sends none)."""
-        return dict(context.invocation_metadata() or ()).get(OWNER_KEY, "")
+    def caller(self, context: grpc.aio.ServicerContext) -> str:
+        """The calling coordinator's identity: the name its credential proves, else the
+        name it claims ("" when it sends none)."""
+        metadata = context.invocation_metadata() or ()
+        proven = proven_name(metadata, self._secret)
+        return proven if proven is not None else dict(metadata).get(OWNER_KEY, "")
 
     def claim(
         self, request_ids: Iterable[str], owner: str, failed: dict[str, Exception]
@@ -392,7 +395,11 @@ class ModelService:
         if runner is None:
             runner = await executor.run(load_runner, config)
         token = os.environ.get(INTERNAL_TOKEN_ENV, "")
-        interceptors = [BearerTokenServerInterceptor(token, INTERNAL_CALLER)] if token else []
+        interceptors = (
+            [BearerTokenServerInterceptor(token, INTERNAL_CALLER, credentials_of=token)]
+            if token
+            else []
+        )
         options = message_limits(runner.vocab_size)
         server = grpc.aio.server(options=options, interceptors=interceptors)
         servicer = self.servicer(self.model(runner), executor)

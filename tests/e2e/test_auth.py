@@ -13,7 +13,7 @@ from e2e_stack import TARGET, running_stack, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2, vllm_engine_pb2_grpc
 
-from auth import bearer
+from auth import bearer, coordinator_credential
 from coordinator.client import CoordinatorClient, GenerateParams, generate_request
 from coordinator.launcher import ServiceProcess
 from protos.specdec.v1 import (
@@ -159,6 +159,30 @@ def test_a_sequence_at_the_target_process_belongs_to_the_coordinator_that_opened
         assert not own.error_code and own.num_cached_tokens == len(prompt) + 1
         metadata_a = (*stack.internal_metadata, ("x-specdec-coordinator", "coordinator-a"))
         assert stub.Release(release, timeout=10, metadata=metadata_a).num_released == 1
+
+
+def test_a_coordinator_credential_proves_its_name_and_cannot_claim_another(stack):
+    def as_coordinator(name: str, claims: str) -> tuple[tuple[str, str], ...]:
+        credential = coordinator_credential(stack.internal_token, name)
+        return (bearer(credential), ("x-specdec-coordinator", claims))
+
+    prompt = [5, 6, 7, 8]
+    with grpc.insecure_channel(stack.target_address) as channel:
+        stub = target_pb2_grpc.TargetServiceStub(channel)
+        opening = target_pb2.VerifyRequest(
+            prefill=[target_pb2.PrefillChunk(request_id="owned", token_ids=prompt, is_last=True)]
+        )
+        stub.Verify(opening, timeout=30, metadata=as_coordinator("coordinator-b", "b"))
+        release = common_pb2.ReleaseRequest(request_ids=["owned"])
+        # A holder of coordinator-a's credential claiming coordinator-b's name: still a.
+        impostor = as_coordinator("coordinator-a", "coordinator-b")
+        assert stub.Release(release, timeout=10, metadata=impostor).num_released == 0
+        forged = (bearer("coordinator-b." + "0" * 64),)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Release(release, timeout=10, metadata=forged)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        owner = as_coordinator("coordinator-b", "anything")
+        assert stub.Release(release, timeout=10, metadata=owner).num_released == 1
 
 
 def test_a_target_process_releases_sequences_nobody_touches():
