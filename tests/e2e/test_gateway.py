@@ -259,7 +259,8 @@ def test_huge_prompts_do_not_stall_a_running_stream(real_stack):
         t.join(120)
     streaming.join(120)
     assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * len(huge)
-    assert len(gaps) > 20 and max(gaps) < 0.2, f"largest inter-token gap {max(gaps):.3f} s"
+    # A stall, not a speed bar: 0.13 s measured here; tokenising on the loop gave 2.4 s.
+    assert len(gaps) > 20 and max(gaps) < 0.5, f"largest inter-token gap {max(gaps):.3f} s"
 
 
 def test_two_replicas_share_one_draft(prompt_ids, tokenizer):
