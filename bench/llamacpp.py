@@ -4,9 +4,9 @@
                              [--k 6]
 
 ``--pair real``: the default pair on SmolLM2-135M-Instruct's own Q4_1 GGUF, the file both
-engines read (specdec keeps its Q4_1 / Q8_0 blocks), on the eight hand-written general
-chat prompts of ``bench/prompts/general_chat.json`` rendered through the chat template:
-llama.cpp decode only and target-only generation at 1 and 2 threads against specdec's
+engines read (specdec keeps its Q4_1 / Q8_0 blocks), on eight hand-written general
+chat prompts (the first of each category of ``bench/prompts/general_chat.json``) rendered
+through the chat template: llama.cpp decode only and target-only generation at 1 and 2 threads against specdec's
 runtime, target-only and speculative stack with its defaults (``specdec up``); llama.cpp
 runs no speculative row there, as the draft's frequency-ranked head has no GGUF form.
 ``--pair tiny`` (the default) is the bundled pair, as below.
@@ -165,11 +165,15 @@ def convert(source: Path, model: Path, outtype: str, out_dir: Path) -> Path:
 
 
 def general_chat_prompts() -> list[str]:
-    """The hand-written chat prompts as text through the real target's chat template."""
+    """The first hand-written chat prompt of each category, as text through the real
+    target's chat template."""
     from runtime.loader import load_tokenizer
 
     tokenizer = load_tokenizer(model_folder(str(REAL_TARGET)))
-    prompts = json.loads(GENERAL_CHAT.read_text())["prompts"]
+    prompts = {}
+    for p in json.loads(GENERAL_CHAT.read_text())["prompts"]:
+        prompts.setdefault(p["category"], p)
+    prompts = list(prompts.values())
     return [
         tokenizer.apply_chat_template(
             [{"role": "user", "content": p["content"]}], tokenize=False, add_generation_prompt=True

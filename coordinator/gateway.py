@@ -105,10 +105,12 @@ def start_gateway(stack: Stack, port: int) -> str:
     return url
 
 
-def _admin_call(url: str, admin_key: str, method: str = "GET", body: dict | None = None):
+def _admin_call(
+    url: str, admin_key: str, method: str = "GET", body: dict | None = None, path: str = "/workers"
+):
     """A control-plane call to the gateway at ``url`` (its OpenAI base); the JSON reply."""
     request = urllib.request.Request(
-        url.removesuffix("/v1") + "/workers",
+        url.removesuffix("/v1") + path,
         method=method,
         data=json.dumps(body).encode() if body is not None else None,
         headers={"Authorization": f"Bearer {admin_key}", "Content-Type": "application/json"},
@@ -130,12 +132,14 @@ def register_worker(url: str, admin_key: str, address: str) -> None:
 def wait_for_workers(
     url: str, admin_key: str, count: int, timeout: float, process: ServiceProcess
 ) -> None:
-    """Blocks until the gateway at ``url`` lists ``count`` healthy workers."""
+    """Blocks until the gateway at ``url`` lists ``count`` healthy workers and is ready
+    (``/readiness``: it has also registered the model's tokenizer)."""
     deadline = time.monotonic() + timeout
     while process.proc.poll() is None:
         try:
             workers = registered_workers(url, admin_key)
             if sum(1 for w in workers if w.get("is_healthy", True)) >= count:
+                _admin_call(url, admin_key, path="/readiness")  # 503 (HTTPError) until ready
                 return
         except (urllib.error.URLError, OSError, ValueError):
             pass
