@@ -6,9 +6,10 @@
 ``--pair real``: the default pair on SmolLM2-135M-Instruct's own Q4_1 GGUF, the file both
 engines read (specdec keeps its Q4_1 / Q8_0 blocks), on eight hand-written general
 chat prompts (the first of each category of ``bench/prompts/general_chat.json``) rendered
-through the chat template: llama.cpp decode only and target-only generation at 1 and 2 threads against specdec's
-runtime, target-only and speculative stack with its defaults (``specdec up``); llama.cpp
-runs no speculative row there, as the draft's frequency-ranked head has no GGUF form.
+through the chat template: llama.cpp decode only and target-only generation at 1 and 2
+threads against specdec's runtime, target-only and speculative stack with its defaults
+(``specdec up``); llama.cpp runs no speculative row there, as the draft's
+frequency-ranked head has no GGUF form.
 ``--pair tiny`` (the default) is the bundled pair, as below.
 
 1. Builds llama.cpp once from the ``llama-cpp-python`` sdist on the package index (its

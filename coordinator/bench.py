@@ -155,8 +155,8 @@ def run_bench(config: StackConfig, args: argparse.Namespace) -> int:
     config = replace(config, port=0, with_baseline=True)
     if args.gateway:
         config = replace(config, gateway_port=config.gateway_port or free_port())
-    spec = SpeculativeConfig.from_json(config.speculative_config)
     with Stack(config, echo=args.verbose) as stack:
+        spec = SpeculativeConfig.from_json(stack.config.speculative_config)
         batch, overhead = measure(stack, spec, batch_sizes, args.new_tokens)
         gateway = measure_gateway(stack, [1, 4], args.new_tokens) if args.gateway else None
     result = {

@@ -7,7 +7,7 @@ import time
 from dataclasses import replace
 
 from coordinator.client import Completion, CoordinatorClient, GenerateParams
-from coordinator.launcher import Stack, StackConfig, held_out_prompts
+from coordinator.launcher import Stack, StackConfig, draft_speculation, held_out_prompts
 
 
 def _rate(outs: list[Completion]) -> float:
@@ -15,10 +15,11 @@ def _rate(outs: list[Completion]) -> float:
 
 
 def run_demo(config: StackConfig, num_prompts: int, max_tokens: int, verbose: bool) -> int:
-    config = replace(config, port=0, with_baseline=True)
+    config = draft_speculation(replace(config, port=0, with_baseline=True))
     print(f"specdec demo: target {config.target_model}, draft {config.draft_model}")
     print(
         f"  kv-cache-dtype {config.kv_cache_dtype}, speculative-config {config.speculative_config}"
+        f", draft-p-min {config.draft_p_min:g}"
     )
     start = time.perf_counter()
     with Stack(config, echo=verbose) as stack:

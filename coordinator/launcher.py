@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -40,18 +40,18 @@ REAL_DRAFT = MODELS_DIR / "smollm2-draft"
 TINY_TARGET = MODELS_DIR / "target"
 TINY_DRAFT = MODELS_DIR / "draft"
 BANNER = re.compile(r"listening on (\S+):(\d+)\s*$")
-# One row per batch-size range (vLLM's format): K=6 for a request alone, 4 for two, none
-# from three on. On a CPU the target's cost grows with the tokens it verifies: K = 4 at
-# batch 2 ran the default pair 1.23-1.27x target-only; at batch 3 it gained the default
-# pair 3-6 % but cost the tiny pair (compose, k8s: one schedule) 11-15 % against the
-# multi-step target-only schedule (8 forwards a Verify), and more from batch 4 (README).
-# Prompt lookup first (vLLM's ngram keys): the default pair's chat answers quote their
-# prompts, and a copied proposal is accepted 2.5 tokens in 5 where its draft manages 1.5;
-# the tiny pair's draft beats lookup (5.1 against 3.8), so compose and k8s leave it out.
+# What a draft runs with when its folder says nothing (see `draft_speculation`): one row
+# per batch-size range (vLLM's format), K = 6 for a request alone, 4 for two, none from
+# three on, and prompt lookup first (vLLM's ngram keys).
 DEFAULT_SPECULATIVE_CONFIG = (
     '{"num_speculative_tokens_per_batch_size": [[1, 1, 6], [2, 2, 4], [3, 1024, 0]], '
     '"prompt_lookup_min": 3, "prompt_lookup_max": 4}'
 )
+DEFAULT_DRAFT_P_MIN = 0.0
+# The key of a draft's config.json that holds the settings tuned for it (vLLM's
+# speculators checkpoints keep theirs under the same name): {"speculative_config": {...},
+# "draft_p_min": P}.
+SPECULATORS_CONFIG = "speculators_config"
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,8 @@ class StackConfig:
     # The draft's linears as int8 (--quantization of the draft service): a quarter of
     # float32's bytes per draft token; "none" keeps --draft-dtype's.
     draft_quantization: str = "int8"
-    speculative_config: str = DEFAULT_SPECULATIVE_CONFIG
+    # vLLM's --speculative-config JSON; "" = the draft's own (`draft_speculation`).
+    speculative_config: str = ""
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 16
     max_queue_len: int = 256  # waiting requests; more is RESOURCE_EXHAUSTED
@@ -82,10 +83,8 @@ class StackConfig:
     # accepted, first proposal rejected, second, ...); 1 = all accepted only.
     pipeline_branches: int = 3
     # The draft stops proposing at a token after its first it gives less than this
-    # (llama.cpp's --draft-p-min). 0.4 is the default pair's best at batch 1 (0.3, 0.4 and
-    # 0.5 measured with the int8 draft); the tiny pair, whose draft is accepted five tokens
-    # in six, runs best at 0 (README).
-    draft_p_min: float = 0.4
+    # (llama.cpp's --draft-p-min); < 0 = the draft's own (`draft_speculation`).
+    draft_p_min: float = -1.0
     host: str = "127.0.0.1"
     port: int = 50050
     target_port: int = 0  # 0 = any free port
@@ -137,6 +136,30 @@ def draft_dtype(draft_model: str, requested: str, dtype: str) -> str:
     config = json.loads(config_file.read_text())
     stored = config.get("torch_dtype") or config.get("dtype")
     return stored if stored in ("bfloat16", "float16") else dtype
+
+
+def tuned_speculation(folder: Path) -> dict:
+    """The ``speculators_config`` of the draft in ``folder`` ({} when it has none)."""
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        return {}
+    return json.loads(config_file.read_text()).get(SPECULATORS_CONFIG) or {}
+
+
+def draft_speculation(config: StackConfig) -> StackConfig:
+    """``config`` with its speculative settings filled in where the flags left them unset:
+    from the draft folder's config.json (``speculators_config``: the settings measured
+    best for that draft, so each draft runs with its own), else the defaults above."""
+    tuned = {} if config.no_draft else tuned_speculation(model_folder(config.draft_model))
+    spec = tuned.get("speculative_config")
+    return replace(
+        config,
+        speculative_config=config.speculative_config
+        or (json.dumps(spec) if spec is not None else DEFAULT_SPECULATIVE_CONFIG),
+        draft_p_min=config.draft_p_min
+        if config.draft_p_min >= 0
+        else float(tuned.get("draft_p_min", DEFAULT_DRAFT_P_MIN)),
+    )
 
 
 def held_out_prompts(target_model: str, n: int) -> list[Prompt]:
@@ -249,7 +272,7 @@ class Stack:
     """target + draft + coordinator as three processes; use as a context manager."""
 
     def __init__(self, config: StackConfig, echo: bool = False, timeout: float = 300.0) -> None:
-        self.config = config
+        self.config = draft_speculation(config)
         self.echo = echo
         self.timeout = timeout
         self.processes: list[ServiceProcess] = []

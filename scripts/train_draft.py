@@ -60,6 +60,7 @@ from torch import nn
 from train_models import log, lr_at
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from coordinator.launcher import SPECULATORS_CONFIG, tuned_speculation
 from runtime import ModelRunner
 from runtime.loader import kv_scale_tensors
 
@@ -377,6 +378,9 @@ def save_draft(model, config: dict, out: Path) -> None:
     """``config.json`` (head ids on one line), ``generation_config.json`` and the draft's own
     tensors (everything but the shared embedding, bfloat16) in ``DRAFT_WEIGHTS``."""
     out.mkdir(parents=True, exist_ok=True)
+    # Settings measured for the draft this one replaces stay until they are measured again.
+    tuned = tuned_speculation(out)
+    config = {**config, **({SPECULATORS_CONFIG: tuned} if tuned else {})}
     text = json.dumps({**config, "head_token_ids": "@IDS@"}, indent=2)
     text = text.replace('"@IDS@"', json.dumps(config["head_token_ids"]))
     (out / "config.json").write_text(text + "\n")

@@ -37,6 +37,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from coordinator.launcher import SPECULATORS_CONFIG, tuned_speculation
 from runtime.kv_scales import KVScaleTable
 from runtime.loader import kv_scale_tensors
 
@@ -285,7 +286,13 @@ def kv_scales(
 
 
 def save_model(model, tokenizer, scales: dict[str, torch.Tensor], folder: Path) -> None:
+    # Settings measured for the draft this one replaces stay until they are measured again.
+    tuned = tuned_speculation(folder)
     model.save_pretrained(folder, safe_serialization=True)
+    if tuned:
+        config = json.loads((folder / "config.json").read_text())
+        config[SPECULATORS_CONFIG] = tuned
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tokenizer.save_pretrained(folder)
     # The generic class name loads with transformers 4.x (vLLM, SGLang) as well as 5.x.
     config_path = folder / "tokenizer_config.json"

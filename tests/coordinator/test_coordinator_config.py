@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
 from coordinator.config import CoordinatorConfig, SpeculativeConfig
+from coordinator.launcher import (
+    DEFAULT_DRAFT_P_MIN,
+    DEFAULT_SPECULATIVE_CONFIG,
+    TINY_DRAFT,
+    TINY_TARGET,
+    StackConfig,
+    draft_speculation,
+)
 
 
 def test_per_batch_size_table_is_inclusive_and_uncovered_sizes_run_k0():
@@ -86,3 +95,26 @@ def test_cli_defaults_come_from_the_dataclass():
     assert config.port == 0 and config.max_num_seqs == 4 and config.draft_timeout == 0.5
     assert config.draft_rebuild_every_step is True
     assert config.speculative.k_for_batch_size(1) == 2
+
+
+def test_each_draft_runs_with_the_settings_its_folder_carries_and_flags_override(tmp_path):
+    tiny = draft_speculation(
+        StackConfig(target_model=str(TINY_TARGET), draft_model=str(TINY_DRAFT))
+    )
+    assert json.loads(tiny.speculative_config) == {
+        "num_speculative_tokens_per_batch_size": [[1, 1, 6], [2, 1024, 0]]
+    }
+    assert tiny.draft_p_min == 0.0
+    real = draft_speculation(StackConfig())  # the default pair's draft carries its own
+    assert SpeculativeConfig.from_json(real.speculative_config).prompt_lookup == (3, 4)
+    assert real.draft_p_min == 0.4
+    flags = StackConfig(
+        draft_model=str(TINY_DRAFT),
+        speculative_config='{"num_speculative_tokens": 2}',
+        draft_p_min=0.2,
+    )
+    assert draft_speculation(flags) == flags  # flags win
+    (tmp_path / "config.json").write_text("{}")  # a draft that carries nothing
+    bare = draft_speculation(StackConfig(draft_model=str(tmp_path)))
+    assert bare.speculative_config == DEFAULT_SPECULATIVE_CONFIG
+    assert bare.draft_p_min == DEFAULT_DRAFT_P_MIN
