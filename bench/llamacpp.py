@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT))  # the packages, before this folder's runtime.py
 from coordinator.bench import measure  # noqa: E402
 from coordinator.config import SpeculativeConfig  # noqa: E402
 from coordinator.launcher import (  # noqa: E402
+    GENERAL_CHAT,
     REAL_DRAFT,
     REAL_TARGET,
     TINY_DRAFT,
@@ -68,7 +69,6 @@ SDIST = "llama-cpp-python==0.3.36"
 TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple", "llama-tokenize")
 DTYPES = {"f32": "float32", "f16": "float16"}  # GGUF outtype -> specdec --dtype
 NUM_PROMPTS = 4
-GENERAL_CHAT = ROOT / "bench" / "prompts" / "general_chat.json"
 NEAR_TIE = 0.01  # logits
 # --no-repack: on a CPU that lists AMX but whose kernel does not grant its tile state (this
 # development VM), llama.cpp's repacked weights die with SIGILL on the first prompt batch;

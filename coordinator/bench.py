@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
+from itertools import zip_longest
 from pathlib import Path
 
 import grpc
@@ -79,18 +80,32 @@ def acceptance_summary(outs: list[Completion]) -> dict:
     }
 
 
+def chat_prompts(path: str) -> list[Prompt]:
+    """The prompts of a JSON file (``{"prompts": [{"content": ..., "category": ...}]}``, as
+    ``bench/prompts/general_chat.json``) as one-turn chats, categories taking turns, so
+    the first few cover as many categories as they can."""
+    by_category: dict[str, list[Prompt]] = {}
+    for p in json.loads(Path(path).read_text())["prompts"]:
+        chat = [{"role": "user", "content": p["content"]}]
+        by_category.setdefault(p.get("category", ""), []).append(chat)
+    rounds = zip_longest(*by_category.values())
+    return [chat for round_ in rounds for chat in round_ if chat is not None]
+
+
 def measure(
     stack: Stack,
     spec: SpeculativeConfig,
     batch_sizes: list[int],
     new_tokens: int,
     prompts: list[Prompt] | None = None,
+    num_bs1_prompts: int = NUM_BS1_PROMPTS,
 ):
     """Per batch size: speculative and target-only rates (best of REPEATS alternating
-    runs) and acceptance, on ``prompts`` (default: the pair's held-out prompts)."""
+    runs) and acceptance, on ``prompts`` (default: the pair's held-out prompts); batch 1
+    runs the first ``num_bs1_prompts`` one at a time."""
     params = GenerateParams(max_tokens=new_tokens, ignore_eos=True)
     if prompts is None:
-        count = max(max(batch_sizes), NUM_BS1_PROMPTS)
+        count = max(max(batch_sizes), num_bs1_prompts)
         prompts = held_out_prompts(stack.config.target_model, count)
     warm = replace(params, max_tokens=8)
     for address in (stack.address, stack.baseline_address):
@@ -98,7 +113,7 @@ def measure(
     report, overhead = {}, None
     for bs in batch_sizes:
         if bs == 1:
-            rounds = [prompts[i : i + 1] for i in range(min(NUM_BS1_PROMPTS, len(prompts)))]
+            rounds = [prompts[i : i + 1] for i in range(min(num_bs1_prompts, len(prompts)))]
         else:
             rounds = [prompts[:bs]]
         spec_rates, base_rates, spec_decode, base_decode, outs = [], [], [], [], []
@@ -155,9 +170,12 @@ def run_bench(config: StackConfig, args: argparse.Namespace) -> int:
     config = replace(config, port=0, with_baseline=True)
     if args.gateway:
         config = replace(config, gateway_port=config.gateway_port or free_port())
+    prompts = chat_prompts(args.prompts) if args.prompts else None
     with Stack(config, echo=args.verbose) as stack:
         spec = SpeculativeConfig.from_json(stack.config.speculative_config)
-        batch, overhead = measure(stack, spec, batch_sizes, args.new_tokens)
+        batch, overhead = measure(
+            stack, spec, batch_sizes, args.new_tokens, prompts, args.num_prompts
+        )
         gateway = measure_gateway(stack, [1, 4], args.new_tokens) if args.gateway else None
     result = {
         "batch": batch,

@@ -177,6 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-sizes", default="1,4,16")
     bench.add_argument("--no-hf", action="store_true", help="skip the transformers baselines")
     bench.add_argument(
+        "--prompts",
+        metavar="FILE.json",
+        help='chat prompts ({"prompts": [{"content": ..., "category": ...}]}, e.g. '
+        "bench/prompts/general_chat.json), categories taking turns; default: the pair's "
+        "held-out prompts",
+    )
+    bench.add_argument(
+        "--num-prompts", type=int, default=4, help="prompts run one at a time at batch 1 (4)"
+    )
+    bench.add_argument(
         "--plot",
         metavar="FILE.png",
         help="also draw tok/s by batch size and acceptance (matplotlib)",

@@ -31,6 +31,8 @@ from coordinator.client import Prompt
 from coordinator.gateway import check_gateway_config, start_gateway
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+# Hand-written chat prompts, ten per category, for evaluation only (never trained on).
+GENERAL_CHAT = MODELS_DIR.parent / "bench" / "prompts" / "general_chat.json"
 # The real pair, the default: SmolLM2-135M-Instruct as its Q4_1 GGUF (a folder holding the
 # file, its tokenizer and KV scales, fetched by scripts/fetch_models.py) and the draft
 # trained for it (completed by the same script); and the bundled tiny pair, which the tests

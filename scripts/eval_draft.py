@@ -13,6 +13,11 @@ report; then once more with prompt lookup first (``--prompt-lookup``, the defaul
 configuration's n-gram sizes): the draft service as `specdec up` runs it. Figures go to
 ``<draft>/eval.json``.
 
+Last, the hand-written general chat set (``bench/prompts/general_chat.json``, ten prompts
+in each of eight categories, never trained or tuned on) through the stack at K =
+``--k``: mean acceptance length per category, greedy and at T = 0.7
+(``--general-chat-only``: that alone, into ``<draft>/general_chat.json``).
+
 Usage: ``python scripts/eval_draft.py [--k 5] [--new-tokens 64] [--prompt-lookup 3,4]``.
 """
 
@@ -30,7 +35,13 @@ from fetch_models import DRAFT_DIR, MODEL_DIR
 from coordinator.bench import acceptance_summary
 from coordinator.client import CoordinatorClient, GenerateParams
 from coordinator.config import SpeculativeConfig
-from coordinator.launcher import DEFAULT_SPECULATIVE_CONFIG, Stack, StackConfig, draft_dtype
+from coordinator.launcher import (
+    DEFAULT_SPECULATIVE_CONFIG,
+    GENERAL_CHAT,
+    Stack,
+    StackConfig,
+    draft_dtype,
+)
 from runtime import ModelRunner, SequenceChunk
 from runtime.loader import load_tokenizer
 
@@ -103,6 +114,41 @@ def stack_acceptance(
     }
 
 
+def general_chat_acceptance(target: Path, draft: Path, k: int, new_tokens: int) -> dict:
+    """Mean acceptance length per category of the hand-written general chat set
+    (``GENERAL_CHAT``: no draft was trained or tuned on it), through the stack at K = ``k``
+    on every step (no confidence cut, no prompt lookup), each prompt alone: greedy, then
+    sampled at T = 0.7 (seeded by its index, so a rerun draws the same)."""
+    prompts = json.loads(GENERAL_CHAT.read_text())["prompts"]
+    config = StackConfig(
+        target_model=str(target),
+        draft_model=str(draft),
+        speculative_config=json.dumps({"num_speculative_tokens": k}),
+        draft_p_min=0.0,
+        port=0,
+    )
+    modes = {
+        "greedy": lambda i: GenerateParams(max_tokens=new_tokens),
+        "t0.7": lambda i: GenerateParams(max_tokens=new_tokens, temperature=0.7, seed=i),
+    }
+    result: dict = {"num_prompts": len(prompts), "k": k, "new_tokens": new_tokens}
+    with Stack(config) as stack, CoordinatorClient(stack.address) as client:
+        for mode, params in modes.items():
+            by_category: dict[str, list] = {}
+            for i, p in enumerate(prompts):
+                out = client.generate([{"role": "user", "content": p["content"]}], params(i))
+                by_category.setdefault(p["category"], []).append(out)
+            everything = [o for outs in by_category.values() for o in outs]
+            result[mode] = {
+                "overall": acceptance_summary(everything)["mean_acceptance_length"],
+                **{
+                    category: acceptance_summary(outs)["mean_acceptance_length"]
+                    for category, outs in by_category.items()
+                },
+            }
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draft", type=Path, default=DRAFT_DIR)
@@ -118,7 +164,17 @@ def main() -> None:
         default=",".join(map(str, default_lookup)),
         help="n_min,n_max of the stack's second run with prompt lookup first",
     )
+    parser.add_argument(
+        "--general-chat-only",
+        action="store_true",
+        help="only the per-category figures on the general chat set (into general_chat.json)",
+    )
     args = parser.parse_args()
+    if args.general_chat_only:
+        figures = general_chat_acceptance(args.target, args.draft, args.k, args.new_tokens)
+        (args.draft / "general_chat.json").write_text(json.dumps(figures, indent=1) + "\n")
+        print(json.dumps(figures, indent=1))
+        return
     lookup = tuple(int(n) for n in args.prompt_lookup.split(","))
     torch.set_num_threads(1)
     tokenizer = load_tokenizer(args.target)
@@ -169,6 +225,7 @@ def main() -> None:
         "through_the_stack": stack_acceptance(
             args.target, args.draft, questions, args.k, args.new_tokens
         ),
+        "general_chat": general_chat_acceptance(args.target, args.draft, args.k, args.new_tokens),
         "prompt_lookup": lookup,
         "through_the_stack_with_prompt_lookup": stack_acceptance(
             args.target, args.draft, questions, args.k, args.new_tokens, lookup
