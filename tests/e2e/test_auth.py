@@ -51,19 +51,19 @@ def test_unauthenticated_messages_are_refused_before_they_are_read(stack, servic
             stack.target_address,
             "/specdec.v1.TargetService/Verify",
             target_pb2.VerifyRequest(
-                prefill=[target_pb2.PrefillChunk(request_id="big", token_ids=[2**21] * (5 * MIB))]
+                prefill=[target_pb2.PrefillChunk(request_id="big", token_ids=[2**21] * 6_000_000)]
             ),
         ),
         "draft": (
             stack.draft_address,
             "/specdec.v1.DraftService/Step",
             draft_pb2.DraftStepRequest(
-                ingest=[draft_pb2.IngestPlan(request_id="big", token_ids=[2**21] * (5 * MIB))]
+                ingest=[draft_pb2.IngestPlan(request_id="big", token_ids=[2**21] * 6_000_000)]
             ),
         ),
     }[service]
     payload = message.SerializeToString()
-    assert len(payload) >= 20 * MIB  # under the tiny pair's 24 MiB message limit
+    assert 24_000_000 <= len(payload) < 24 * MIB  # 24 MB: under the tiny pair's limit
     before = resident_mib(stack, service)
     options = [("grpc.max_send_message_length", 64 * MIB)]
     with grpc.insecure_channel(address, options=options) as channel:
