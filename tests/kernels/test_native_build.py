@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+import zipfile
 
 import pytest
 
@@ -41,3 +44,26 @@ def test_compiler_errors_reach_the_caller(tmp_path, monkeypatch):
     with pytest.raises(NativeBuildError, match="building the CPU kernels failed"):
         native.build_library("false")
     assert list((tmp_path / "native").iterdir()) == []  # the scratch files are gone
+
+
+def test_the_wheel_carries_everything_the_kernels_compile_from(tmp_path, monkeypatch):
+    # An installed wheel compiles the kernels from its own copy of csrc/: every source and
+    # every header they include must be in it, or the services fall back to PyTorch.
+    # Built from a copy without the checkout's build leftovers (an old egg-info's file list
+    # would add files the package data forgets), as CI builds from a fresh clone.
+    source = tmp_path / "source"
+    leftovers = ("*.egg-info", "build", ".venv", ".git", "models", "runs", "__pycache__")
+    shutil.copytree(native.CSRC.parent.parent, source, ignore=shutil.ignore_patterns(*leftovers))
+    wheel_dir = tmp_path / "dist"
+    argv = [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation"]
+    subprocess.run([*argv, "-q", "-w", str(wheel_dir)], check=True, capture_output=True)
+    (wheel,) = wheel_dir.glob("specdec-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = [n for n in archive.namelist() if n.startswith("kernels/csrc/")]
+        archive.extractall(tmp_path / "installed", members=shipped)
+    installed = tmp_path / "installed" / "kernels" / "csrc"
+    assert sorted(p.name for p in installed.iterdir()) == sorted(
+        p.name for p in native.CSRC.iterdir() if p.suffix in (".c", ".h")
+    )
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    assert native.build_library("cc", installed).is_file()
