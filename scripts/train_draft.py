@@ -6,6 +6,9 @@ One reproducible recipe (fixed seeds; config, package versions and timings logge
 1. Chat prompts from documentation on the machine (``draft_prompts``); a held-out set,
    from source files no training prompt comes from, is saved as ``heldout.json``
    (``{"prompts": [user turn, ...]}``, what ``coordinator.launcher.held_out_prompts`` reads).
+   Beside them, ``--chat-requests`` conversations the target writes for itself over the
+   categories people ask a chat model (``chat_requests``: self-instruct, deduplicated,
+   some two-turn, some with a system prompt), made once and cached under ``--data-dir``.
 2. Teacher data (``draft_teacher``): the target's greedy and sampled answers, with its
    top-k next-token log-probs at every prompt and answer position, generated in batches
    (the target in bfloat16; how often its argmax is the float32 runtime's is logged)
@@ -46,6 +49,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from chat_requests import Writer, build_chats
 from draft_prompts import build_prompts
 from draft_teacher import (
     Teacher,
@@ -87,6 +91,10 @@ class Recipe:
     heldout_every: int = 20  # one source file in N (by path hash) is held out
     num_heldout_prompts: int = 32
     max_prompt_tokens: int = 112  # with the chat template's system turn
+    # Conversations the target writes (``chat_requests``), beside the documentation prompts;
+    # a two-turn one carries the target's first answer, hence the larger bound.
+    chat_requests: int = 12000
+    max_chat_tokens: int = 320
     gen_batch: int = 128
     max_new_tokens: int = 96
     sampled_every: int = 4  # one answer in N is sampled, the others greedy
@@ -104,16 +112,57 @@ class Recipe:
     eval_every_seconds: float = 150.0
 
 
-def encode_prompts(tokenizer, prompts: list[str], max_tokens: int) -> list[list[int]]:
-    """Each prompt as a one-turn chat through the chat template; the ones that fit."""
-    out = []
-    for prompt in prompts:
-        chat = [{"role": "user", "content": prompt}]
-        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(ids) <= max_tokens:
-            out.append(ids)
-    return out
+def encode_chat(tokenizer, prompt: str | list[dict[str, str]]) -> list[int]:
+    """A user turn (or a whole conversation ending in one) through the chat template."""
+    chat = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def encode_prompts(tokenizer, prompts: list, max_tokens: int) -> list[list[int]]:
+    """Each prompt through the chat template; the ones that fit in ``max_tokens``."""
+    encoded = (encode_chat(tokenizer, prompt) for prompt in prompts)
+    return [ids for ids in encoded if len(ids) <= max_tokens]
+
+
+def teacher_writer(teacher: Teacher, tokenizer, seed: int) -> Writer:
+    """``chat_requests``' writer: the target's replies to instructions, sampled at the
+    temperature asked (greedy at 0)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def write(instructions: list[str], temperature: float, max_tokens: int) -> list[str]:
+        prompts = [encode_chat(tokenizer, i) for i in instructions]
+        sampled = [temperature > 0] * len(prompts)
+        seqs = generate(teacher, prompts, sampled, max_tokens, max(temperature, 1e-3), 1, gen)
+        return [
+            tokenizer.decode(s.token_ids[s.prompt_len :], skip_special_tokens=True) for s in seqs
+        ]
+
+    return write
+
+
+def chat_prompts(recipe: Recipe, teacher: Teacher, tokenizer, path: Path) -> list:
+    """The conversations the target writes (``chat_requests``), made once and kept in
+    ``path``, so the teacher's cached answers stay aligned with the prompts."""
+    if path.is_file():
+        return json.loads(path.read_text())
+    t0 = time.time()
+    chats = build_chats(teacher_writer(teacher, tokenizer, recipe.seed), recipe.seed,
+                        recipe.chat_requests, batch=recipe.gen_batch)  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(chats, indent=0, ensure_ascii=False) + "\n")
+    log(f"chat requests: {len(chats)} conversations in {(time.time() - t0) / 60:.1f} min")
+    return chats
+
+
+def interleaved(first: list, second: list, every: int) -> list:
+    """``first`` with one item of ``second`` after every ``every`` of it, the rest at the end."""
+    out, rest = [], iter(second)
+    for i, item in enumerate(first):
+        out.append(item)
+        if i % every == every - 1:
+            out += [x for x in [next(rest, None)] if x is not None]
+    return out + list(rest)
 
 
 def teacher_data(
@@ -413,6 +462,14 @@ def main() -> None:
                         "head) on all the teacher data, instead of starting from the target's "
                         "layers")  # fmt: skip
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--chat-requests",
+        type=int,
+        default=Recipe.chat_requests,
+        help="conversations the target writes for itself (self-instruct)",
+    )
+    parser.add_argument("--teacher-only", action="store_true",
+                        help="make (or extend) the cached teacher data, then stop")  # fmt: skip
     args = parser.parse_args()
     recipe = Recipe(
         gen_minutes=args.gen_minutes,
@@ -421,6 +478,7 @@ def main() -> None:
         num_layers=args.num_layers,
         head_size=args.head_size,
         lr=args.lr,
+        chat_requests=args.chat_requests,
     )
     torch.set_num_threads(args.threads)
     torch.manual_seed(recipe.seed)
@@ -433,14 +491,23 @@ def main() -> None:
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "heldout.json").write_text(json.dumps({"prompts": heldout}, indent=1) + "\n")
-    prompts = encode_prompts(tokenizer, train_prompts, recipe.max_prompt_tokens)
+    teacher = Teacher(MODEL_DIR)
+    chats = chat_prompts(recipe, teacher, tokenizer, args.data_dir / "chat_requests.json")
+    docs = encode_prompts(tokenizer, train_prompts, recipe.max_prompt_tokens)
+    written = encode_prompts(tokenizer, chats, recipe.max_chat_tokens)
+    prompts = interleaved(docs, written, every=max(1, len(docs) // max(1, len(written))))
     timings["prompts_minutes"] = round((time.time() - t_start) / 60, 2)
-    log(f"prompts: {len(prompts)} train chats that fit, {len(heldout)} held out")
+    log(
+        f"prompts: {len(docs)} documentation and {len(written)} written chats that fit, "
+        f"{len(heldout)} held out"
+    )
 
     t0 = time.time()
-    teacher = Teacher(MODEL_DIR)
     data = teacher_data(recipe, teacher, prompts, args.data_dir / "teacher.pt")
     timings["teacher_minutes"] = round((time.time() - t0) / 60, 2)
+    if args.teacher_only:
+        log(f"teacher data kept in {args.data_dir}; stopping before training (--teacher-only)")
+        return
     val_data, train_seqs = data[: recipe.num_val_sequences], data[recipe.num_val_sequences :]
     runner = ModelRunner.from_pretrained(MODEL_DIR, max_model_len=256, num_pages=64)
     teacher_agreement = agreement_with_runtime(teacher, runner, val_data)
