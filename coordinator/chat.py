@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from datetime import datetime
 from functools import cached_property
 
 import jinja2
@@ -45,9 +46,15 @@ class ChatTemplate:
     @cached_property
     def _compiled(self) -> jinja2.Template:
         """Compiled once, on first use: requests only render."""
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        # What transformers gives a template beside Jinja's own: {% break %} / {% continue %},
+        # a JSON filter that keeps non-ASCII text, raise_exception and strftime_now (the date
+        # some templates write into their system turn).
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.filters["tojson"] = lambda value, **kw: json.dumps(value, ensure_ascii=False, **kw)
         env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda format: datetime.now().strftime(format)
         return env.from_string(self.source)
 
     def render(self, messages: list[dict[str, str]]) -> str:

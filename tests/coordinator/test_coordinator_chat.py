@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import pytest
 from coordinator_fakes import build
@@ -96,3 +97,15 @@ def test_messages_without_a_chat_template_are_refused(folder, tmp_path):
     )
     with pytest.raises(InvalidRequest, match="chat template"):
         build(LIMITS, message, tokenizer, None)
+
+
+def test_templates_get_transformers_loop_controls_and_strftime_now():
+    source = (
+        "{{ strftime_now('%Y') }}|{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{% continue %}{% endif %}{{ m['content'] }};{% if loop.index > 2 %}{% break %}"
+        "{% endif %}{% endfor %}"
+    )
+    rendered = ChatTemplate(source, {}).render(CHAT)
+    year, body = rendered.split("|")
+    assert year == str(datetime.now().year)
+    assert body == "What is 2 + 2?;4.;"  # the system turn skipped, the fourth never reached
