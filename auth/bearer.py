@@ -81,6 +81,7 @@ class BearerTokenServerInterceptor(grpc.aio.ServerInterceptor):
         self._message = f"missing or wrong bearer token: {who}"
         self._open = OPEN_SERVICES + open_services
         self._secret = credentials_of
+        self._refusal = grpc.stream_unary_rpc_method_handler(self._refuse)
 
     async def intercept_service(
         self,
@@ -99,14 +100,8 @@ class BearerTokenServerInterceptor(grpc.aio.ServerInterceptor):
             return handler
         return self._refusal
 
-    @property
-    def _refusal(self) -> grpc.RpcMethodHandler:
-        message = self._message
-
-        async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-        return grpc.stream_unary_rpc_method_handler(refuse)
+    async def _refuse(self, requests: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, self._message)
 
 
 class CallMetadataInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
