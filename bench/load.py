@@ -1,6 +1,10 @@
-"""Load benchmark: many concurrent clients for a while, then a burst past the queue limit.
+"""Load benchmark: many concurrent clients for a while, then a burst past the queue limit;
+or multi-turn chats, for KV capacity, preemption and prefix caching.
 
     python bench/load.py [--clients 64] [--seconds 60] [--json] [--target-model ...]
+    python bench/load.py --multi-turn [--users 32] [--turns 4] [--max-tokens 64] [--json]
+    python bench/load.py --compare-caching [--users ...]
+    python bench/load.py --single-turn-ttft [--max-tokens 64]
 
 Starts the stack (`specdec up`'s defaults and flags: the tiny pair unless told otherwise)
 with `--max-queue-len` (64 here), runs `--clients` client threads that each send greedy and sampled
@@ -10,6 +14,19 @@ token and inter-token gap, each model service's free KV pages and resident memor
 and after (pages must be back to idle), and then a burst of `max_num_seqs + max_queue_len
 + 32` requests sent at once: the excess must be refused with RESOURCE_EXHAUSTED at once.
 Prints one JSON object with `--json`.
+
+`--multi-turn` (bench/load_chat.py) instead runs `--users` conversations at once through
+the coordinator's chat messages: a shared ~300-token system prompt, then `--turns` user
+messages from bench/prompts/general_chat.json, each greedy answer of `--max-tokens`
+appended to the history (~600-token contexts by the last turn on the real pair). It
+reports requests, errors by status code, TTFT p50/p99 (and p50 per turn), output tokens/s,
+the last turn's prompt length, the coordinator's preemptions and prompt tokens taken from
+the prefix cache, and each model service's prefix-cache hits per lookup (tokens), all
+counted over the run. `--compare-caching` runs it on two fresh stacks, prefix caching on
+and off (`--no-enable-prefix-caching`), and adds TTFT p50 on/off. `--single-turn-ttft`
+reports TTFT p50 of one-turn chats at 1 and at 4 concurrent clients (20 requests each,
+each client sending its next when its last finished) and their ratio (4 / 1). These
+modes print readable lines, or one JSON object with `--json`.
 """
 
 from __future__ import annotations
@@ -25,28 +42,31 @@ from dataclasses import replace
 from pathlib import Path
 
 import grpc
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # noqa: E402 (this file sits beside, not inside, the package)
 
+from load_chat import (  # noqa: E402
+    ChatLoad,
+    Recorder,
+    add_chat_args,
+    compare_caching,
+    model_infos,
+    percentile_ms,
+    readable_lines,
+    run_multi_turn,
+    single_turn_ttft,
+)
+
 from coordinator.cli import add_stack_args, stack_config  # noqa: E402
 from coordinator.client import CoordinatorClient, GenerateParams  # noqa: E402
 from coordinator.launcher import TINY_DRAFT, TINY_TARGET, Stack, held_out_prompts  # noqa: E402
-from protos.specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc  # noqa: E402
 
 
 def service_state(stack: Stack) -> dict:
     """Free KV pages and resident memory (MiB) of each model service."""
     state = {}
-    for name, address, stub_cls in (
-        ("target", stack.target_address, target_pb2_grpc.TargetServiceStub),
-        ("draft", stack.draft_address, draft_pb2_grpc.DraftServiceStub),
-    ):
-        with grpc.insecure_channel(address) as channel:
-            info = stub_cls(channel).GetInfo(
-                common_pb2.InfoRequest(), timeout=10, metadata=stack.internal_metadata
-            )
+    for name, info in model_infos(stack).items():
         process = next(p for p in stack.processes if p.name == name)
         state[name] = {"free_pages": info.num_free_pages, "rss_mib": rss_mib(process.proc.pid)}
     return state
@@ -57,39 +77,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return round(int(line.split()[1]) / 1024, 1)
     return float("nan")
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.errors: Counter[str] = Counter()
-        self.ttft: list[float] = []
-        self.gaps: list[float] = []
-        self.num_requests = 0
-        self.num_tokens = 0
-
-    def one_request(self, client: CoordinatorClient, prompt, params: GenerateParams) -> None:
-        start = last = time.perf_counter()
-        ttft, gaps, tokens = None, [], 0
-        try:
-            for response in client.stream(prompt, params, timeout=300):
-                now = time.perf_counter()
-                if response.token_ids:
-                    if ttft is None:
-                        ttft = now - start
-                    else:
-                        gaps.append((now - last) / len(response.token_ids))
-                    last = now
-                    tokens += len(response.token_ids)
-        except grpc.RpcError as e:
-            with self.lock:
-                self.errors[e.code().name] += 1
-            return
-        with self.lock:
-            self.num_requests += 1
-            self.num_tokens += tokens
-            self.ttft.append(ttft or 0.0)
-            self.gaps += gaps
 
 
 def run_load(stack: Stack, prompts: list, clients: int, seconds: float) -> dict:
@@ -112,16 +99,15 @@ def run_load(stack: Stack, prompts: list, clients: int, seconds: float) -> dict:
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - start
-    pct = lambda xs, q: round(float(np.percentile(xs, q)) * 1000, 1) if xs else None  # noqa: E731
     return {
         "errors_by_code": dict(recorder.errors),
         "num_requests": recorder.num_requests,
         "requests_per_s": round(recorder.num_requests / elapsed, 2),
         "generated_tok_s": round(recorder.num_tokens / elapsed, 1),
-        "ttft_ms_p50": pct(recorder.ttft, 50),
-        "ttft_ms_p99": pct(recorder.ttft, 99),
-        "itl_ms_p50": pct(recorder.gaps, 50),
-        "itl_ms_p99": pct(recorder.gaps, 99),
+        "ttft_ms_p50": percentile_ms(recorder.ttft, 50),
+        "ttft_ms_p99": percentile_ms(recorder.ttft, 99),
+        "itl_ms_p50": percentile_ms(recorder.gaps, 50),
+        "itl_ms_p99": percentile_ms(recorder.gaps, 99),
     }
 
 
@@ -160,12 +146,27 @@ def main() -> None:
     add_stack_args(parser)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=60.0)
+    add_chat_args(parser)
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(
         target_model=str(TINY_TARGET), draft_model=str(TINY_DRAFT), port=0, max_queue_len=64
     )
     args = parser.parse_args()
     config = stack_config(args)
+    if args.multi_turn or args.compare_caching or args.single_turn_ttft:
+        if args.single_turn_ttft and (args.multi_turn or args.compare_caching):
+            parser.error("--single-turn-ttft runs alone (its own stack)")
+        load = ChatLoad(users=args.users, turns=args.turns, max_tokens=args.max_tokens)
+        if args.compare_caching:
+            mode, result = "compare_caching", compare_caching(config, load, echo=args.verbose)
+        else:
+            with Stack(config, echo=args.verbose) as stack:
+                if args.single_turn_ttft:
+                    mode, result = "single_turn_ttft", single_turn_ttft(stack, load.max_tokens)
+                else:
+                    mode, result = "multi_turn", run_multi_turn(stack, load)
+        print(json.dumps(result) if args.json else "\n".join(readable_lines(mode, result)))
+        return
     with Stack(config, echo=args.verbose) as stack:
         prompts = held_out_prompts(config.target_model, 16)
         before = service_state(stack)

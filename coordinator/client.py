@@ -85,18 +85,11 @@ def generate_request(
 
 
 def stats_dict(stats: coordinator_pb2.SpecDecodeStats) -> dict:
-    return {
-        "num_drafts": stats.num_drafts,
-        "num_draft_tokens": stats.num_draft_tokens,
-        "num_accepted_tokens": stats.num_accepted_tokens,
-        "accepted_per_position": list(stats.accepted_per_position),
-        "num_k0_steps": stats.num_k0_steps,
-        "num_ingest_plans": stats.num_ingest_plans,
-        "num_steps": stats.num_steps,
-        "num_ahead_proposals": stats.num_ahead_proposals,
-        "num_ahead_used": stats.num_ahead_used,
-        "num_lookup_drafts": stats.num_lookup_drafts,
-    }
+    """Every field of ``stats`` (repeated ones as lists), the totals' ``step_seconds`` aside."""
+    out = {f.name: getattr(stats, f.name) for f in stats.DESCRIPTOR.fields}
+    out["accepted_per_position"] = list(out["accepted_per_position"])
+    del out["step_seconds"]
+    return out
 
 
 class CoordinatorClient:

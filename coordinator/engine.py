@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -20,7 +21,15 @@ from opentelemetry import trace
 
 from coordinator.config import CoordinatorConfig
 from coordinator.draft_breaker import DraftBreaker
-from coordinator.errors import Cancelled, InvalidRequest, NotReady, ServiceError, SpecDecError
+from coordinator.errors import (
+    Cancelled,
+    InvalidRequest,
+    NotReady,
+    ResourceExhausted,
+    ServiceError,
+    SpecDecError,
+)
+from coordinator.kv_pool import KVPool
 from coordinator.messages import (
     Proposals,
     checked_proposal,
@@ -40,6 +49,7 @@ logger = logging.getLogger(__name__)
 tracer = trace.get_tracer("specdec.coordinator")
 
 _RELEASE_TIMEOUT = 5.0
+_POOL_REFRESH_S = 0.05  # while requests wait for KV pages: how often to ask for free pages
 _TARGET_PROBE_INTERVAL = 1.0  # seconds between target health probes, and their deadline
 
 
@@ -52,6 +62,9 @@ class ModelLimits:
     eos_token_ids: frozenset[int]
     draft_kv_scales: common_pb2.KVScaleTable
     target_kv_scales: common_pb2.KVScaleTable | None = None
+    # Each service's KV pool as it reported it at start (None: not reported, not counted).
+    target_kv: KVPool | None = None
+    draft_kv: KVPool | None = None
 
 
 T = TypeVar("T")
@@ -105,7 +118,11 @@ class Engine:
             max_model_len=limits.max_model_len,
             max_queue_len=config.max_queue_len,
             num_scheduler_steps=config.num_scheduler_steps,
+            target_pool=copy.copy(limits.target_kv),
+            draft_pool=copy.copy(limits.draft_kv) if draft is not None else None,
         )
+        self._pools_checked = 0.0  # when the pools were last asked for their free pages
+        self._burst: int | None = None  # the multi-step burst the target runs now (step id)
         self.requests: dict[str, Request] = {}
         self.totals = SpecStats()
         self._verify_seconds: float | None = None  # batch-1 verify wall time, smoothed
@@ -156,10 +173,34 @@ class Engine:
             request.sampling_message = sampling_pb(request.sampling)
         except (ValueError, TypeError) as e:
             raise InvalidRequest(f"sampling parameters: {e}") from None
+        self._check_fits(request)
         request.arrival_time = time.monotonic()
         self.scheduler.add(request)
         self.requests[request.request_id] = request
         self._wakeup.set()
+        if self._burst is not None:
+            asyncio.get_running_loop().create_task(self._end_burst(self._burst))
+            self._burst = None  # once per burst
+
+    def _check_fits(self, request: Request) -> None:
+        """ResourceExhausted for a request that alone could never fit a service's KV pool:
+        its prompt and max_tokens (and on the draft, the tokens it proposes past them)."""
+        most = request.num_prompt_tokens + request.max_tokens
+        lookahead = self.scheduler.max_lookahead()
+        for pool, extra in (
+            (self.scheduler.target_pool, 0),
+            (self.scheduler.draft_pool, lookahead),
+        ):
+            if pool is None or pool.pages(most + extra) <= pool.num_pages:
+                continue
+            raise ResourceExhausted(
+                f"the request needs up to {most + extra} tokens of KV cache on the {pool.name} "
+                f"(a {request.num_prompt_tokens}-token prompt + max_tokens "
+                f"{request.max_tokens}{f' + {extra} drafted ahead' if extra else ''}) but that "
+                f"service's whole KV cache holds {pool.num_tokens} tokens; lower max_tokens "
+                f"or the prompt, or give the {pool.name} service more KV memory "
+                f"(--kv-cache-memory)"
+            )
 
     def abort(self, request_id: str, reason: str = "the client cancelled it") -> bool:
         """Drops a request; its KV is released on both sides, and its stream (if it still
@@ -213,7 +254,12 @@ class Engine:
                 request.num_draft_cached = None
         draft_available = self.draft is not None and self.draft_breaker.closed
         plan = self.scheduler.schedule(draft_available=draft_available)
+        while plan is not None and plan.preempted:
+            await self._release_preempted(plan.preempted)
+            plan = self.scheduler.schedule(draft_available=draft_available)
         if plan is None:
+            if self.scheduler.waiting:
+                await self._refresh_pools()  # waiting for pages other callers may free
             return False
         self.totals.num_steps += 1
         if self.metrics is not None:
@@ -388,7 +434,12 @@ class Engine:
             code, details = _status_of(e)
             if self.metrics is not None:
                 self.metrics.num_draft_failures.inc()
-            if code == "FAILED_PRECONDITION":
+            if code == "RESOURCE_EXHAUSTED" and self.scheduler.draft_pool is not None:
+                # Out of pages, refused before anything changed: no proposals this step,
+                # and the next plan preempts to fit in what is free.
+                logger.warning("draft out of KV pages in step %d: %s", plan.step_id, details)
+                self.scheduler.draft_pool.num_free = 0
+            elif code == "FAILED_PRECONDITION":
                 # Alive but out of sync (wrong start or KV-scale version): rebuild these.
                 logger.warning("draft refused step %d: %s; rebuilding", plan.step_id, details)
                 for request in step_requests.values():
@@ -403,6 +454,8 @@ class Engine:
                 self._mark_draft_down()
             return {}
 
+        if response.HasField("num_free_pages"):
+            self._free_pages_reported(self.draft, response.num_free_pages)
         for p in ingest:
             p.request.stats.num_ingest_plans += 1
         self.totals.num_ingest_plans += len(ingest)
@@ -459,6 +512,8 @@ class Engine:
         metadata: tuple[tuple[str, str], ...],
     ) -> dict[str, target_pb2.VerifyResult] | None:
         message = verify_request(plan, proposals, self.limits.eos_token_ids)
+        if plan.num_steps > 1:
+            self._burst = plan.step_id  # a request arriving meanwhile ends it early
         try:
             response = await self._call(
                 self.target.Verify, message, self.config.target_timeout, metadata
@@ -466,13 +521,29 @@ class Engine:
         except (grpc.RpcError, asyncio.TimeoutError) as e:
             code, details = _status_of(e)
             logger.warning("target failed step %d (%s: %s)", plan.step_id, code, details)
+            if code == "RESOURCE_EXHAUSTED" and self.scheduler.target_pool is not None:
+                # Out of pages (another caller took them): the step changed nothing on the
+                # target; the next plan preempts to fit in what is free.
+                self.scheduler.target_pool.num_free = 0
+                return None
             if code == "UNAVAILABLE":
                 self.target_available = False  # until watch_target hears from it again
             error = ServiceError(code, f"target service failed ({code}): {details}")
             for request in plan.requests:
                 self._finish(request, error=error)
             return None
+        finally:
+            self._burst = None
+        if response.HasField("num_free_pages"):
+            self._free_pages_reported(self.target, response.num_free_pages)
         return {r.request_id: r for r in response.results}
+
+    async def _end_burst(self, step_id: int) -> None:
+        """Asks the target to end the burst before its next forward: a new arrival's prefill
+        then starts at the next step instead of after every forward of the burst."""
+        with contextlib.suppress(grpc.RpcError, asyncio.TimeoutError):
+            request = target_pb2.EndBurstRequest(step_id=step_id)
+            await self._call(self.target.EndBurst, request, 1.0, grpc_metadata())
 
     async def watch_target(
         self, target_health: Any, on_change: Callable[[bool], Awaitable[None]]
@@ -517,9 +588,14 @@ class Engine:
                 self._out_of_sync(request, result.num_cached_tokens, end)
                 continue
             request.num_target_cached = end
+            cached = result.num_prefix_cached_tokens
+            request.stats.num_cached_tokens += cached
+            self.totals.num_cached_tokens += cached
             if self.metrics is not None:
                 self.metrics.num_prompt_tokens.inc(len(chunk.token_ids))
-            if chunk.is_last:
+                self.metrics.prefix_cache_queries.inc(len(chunk.token_ids))
+                self.metrics.prefix_cache_hits.inc(cached)
+            if chunk.is_last and not chunk.resumes:
                 self._emit(request, list(result.token_ids), result.num_cached_tokens)
         for entry in plan.decodes:
             request = entry.request
@@ -634,9 +710,11 @@ class Engine:
             self._pending_release[:0] = ids
             raise
 
-    async def _release(self, stub: Any, ids: list[str], timeout: float) -> None:
+    async def _release(self, stub: Any, ids: list[str], timeout: float) -> bool:
+        """Releases ``ids`` on the service; False when that failed (on the draft, they are
+        released again once it answers)."""
         try:
-            await self._call(
+            reply = await self._call(
                 stub.Release, common_pb2.ReleaseRequest(request_ids=ids), timeout, grpc_metadata()
             )
         except (grpc.RpcError, asyncio.TimeoutError) as e:
@@ -645,6 +723,47 @@ class Engine:
             if stub is self.draft:
                 self._draft_orphans.extend(ids)
                 self._mark_draft_down()
+            return False
+        self._free_pages_reported(stub, reply.num_free_pages)
+        return True
+
+    # ---- KV pages ----------------------------------------------------------------------
+
+    def _free_pages_reported(self, stub: Any, num_free: int | None) -> None:
+        """A service's reply told its free pages: the scheduler plans within them."""
+        pool = self.scheduler.target_pool if stub is self.target else self.scheduler.draft_pool
+        if pool is not None and num_free is not None:
+            pool.num_free = num_free
+
+    async def _release_preempted(self, requests: list[Request]) -> None:
+        """Releases what the preempted requests held on both services (they wait, and
+        resume from their logs), before the step is planned again."""
+        ids = [r.request_id for r in requests]
+        self.totals.num_preemptions += len(ids)
+        if self.metrics is not None:
+            self.metrics.num_preemptions.inc(len(ids))
+        logger.info("preempted %d requests to free KV pages: %s", len(ids), ", ".join(ids))
+        calls = [self._release(self.target, ids, _RELEASE_TIMEOUT)]
+        if self.draft is not None and self.draft_breaker.closed:
+            calls.append(self._release(self.draft, ids, self.config.draft_timeout))
+        released = await asyncio.gather(*calls)
+        if len(released) == 2 and released[1]:
+            for request in requests:
+                request.num_draft_cached = 0
+
+    async def _refresh_pools(self) -> None:
+        """Asks both services for their free pages (at most every _POOL_REFRESH_S): requests
+        wait for pages, and other coordinators sharing a service may have freed some."""
+        now = time.monotonic()
+        if now - self._pools_checked < _POOL_REFRESH_S:
+            await asyncio.sleep(_POOL_REFRESH_S)
+            return
+        self._pools_checked = now
+        stubs = [self.target] + ([self.draft] if self.draft is not None else [])
+        for stub in stubs:
+            with contextlib.suppress(grpc.RpcError, asyncio.TimeoutError):
+                info = await self._call(stub.GetInfo, common_pb2.InfoRequest(), 1.0, ())
+                self._free_pages_reported(stub, info.num_free_pages)
 
     @staticmethod
     async def _call(method: Any, message: Any, timeout: float, metadata: Any) -> Any:

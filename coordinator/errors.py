@@ -11,8 +11,8 @@ class InvalidRequest(SpecDecError):
     """The client's request is malformed or cannot fit the model."""
 
 
-class QueueFull(SpecDecError):
-    """Too many requests are waiting."""
+class ResourceExhausted(SpecDecError):
+    """Too many requests are waiting, or a request could never fit the KV cache."""
 
 
 class Cancelled(SpecDecError):

@@ -56,6 +56,12 @@ DEFAULT_DRAFT_P_MIN = 0.0
 SPECULATORS_CONFIG = "speculators_config"
 
 
+# The default KV pools hold max_num_seqs sequences of this many tokens (a chat with its
+# history), in pages of BLOCK_SIZE tokens (the services' default --block-size).
+TYPICAL_SEQUENCE_TOKENS = 2048
+BLOCK_SIZE = 16
+
+
 @dataclass(frozen=True)
 class StackConfig:
     """The flags of `specdec up` (vLLM's names where vLLM has one)."""
@@ -78,6 +84,14 @@ class StackConfig:
     speculative_config: str = ""
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 16
+    # Each service's KV pool in bytes ("512MiB", "2GiB", ...; vLLM's --kv-cache-memory);
+    # "" = room for max_num_seqs sequences of TYPICAL_SEQUENCE_TOKENS (the draft's for every
+    # replica's). Each service logs its capacity in tokens at start.
+    kv_cache_memory: str = ""
+    draft_kv_cache_memory: str = ""
+    # Automatic prefix caching on both services (vLLM V1's default): full blocks of a prompt
+    # another request computed are reused, not recomputed.
+    enable_prefix_caching: bool = True
     max_queue_len: int = 256  # waiting requests; more is RESOURCE_EXHAUSTED
     num_scheduler_steps: int = 8  # target forwards per round trip where every decode has K = 0
     pipeline: str = "auto"  # the draft proposes for the next step during verify; or "off"
@@ -299,14 +313,23 @@ class Stack:
         c = self.config
         if service == "target":
             threads, dtype, quantization = c.target_num_threads, c.dtype, "none"
+            memory, sequences = c.kv_cache_memory, c.max_num_seqs
         else:
             threads, dtype = c.draft_num_threads, draft_dtype(model, c.draft_dtype, c.dtype)
             quantization = c.draft_quantization
+            memory, sequences = c.draft_kv_cache_memory, c.max_num_seqs * c.replicas
         argv = [
             sys.executable, "-m", f"{service}_service", "--model", model, "--host", c.host,
             "--port", str(port), "--kv-cache-dtype", c.kv_cache_dtype, "--dtype", dtype,
             "--quantization", quantization, "--num-threads", str(threads),
+            "--block-size", str(BLOCK_SIZE),
+            "--enable-prefix-caching" if c.enable_prefix_caching else "--no-enable-prefix-caching",
         ]  # fmt: skip
+        if memory:
+            argv += ["--kv-cache-memory", memory]
+        else:
+            pages = -(-sequences * TYPICAL_SEQUENCE_TOKENS // BLOCK_SIZE)
+            argv += ["--num-gpu-blocks-override", str(pages)]
         if c.tls_ca:  # mutual TLS on the internal hops
             argv += ["--tls-cert", c.tls_cert, "--tls-key", c.tls_key, "--tls-ca", c.tls_ca]
         return argv

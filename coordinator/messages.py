@@ -116,6 +116,7 @@ def verify_request(
                 start_position=chunk.start,
                 token_ids=chunk.token_ids,
                 is_last=chunk.is_last,
+                resumes=chunk.resumes,
                 sampling=chunk.request.sampling_message,
             )
         )

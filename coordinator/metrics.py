@@ -22,6 +22,9 @@ class Metrics:
     num_requests: Counter
     num_requests_running: Gauge
     num_requests_waiting: Gauge
+    num_preemptions: Counter
+    prefix_cache_queries: Counter
+    prefix_cache_hits: Counter
     time_to_first_token: Histogram
     e2e_request_latency: Histogram
     step_duration: Histogram
@@ -78,6 +81,15 @@ def create_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         ),
         num_requests_running=Gauge("num_requests_running", "Requests running", registry=r),
         num_requests_waiting=Gauge("num_requests_waiting", "Requests waiting", registry=r),
+        num_preemptions=Counter(
+            "num_preemptions", "Requests preempted for KV pages (recomputed)", registry=r
+        ),
+        prefix_cache_queries=Counter(
+            "prefix_cache_queries", "Prompt tokens the target was asked to prefill", registry=r
+        ),
+        prefix_cache_hits=Counter(
+            "prefix_cache_hits", "Of those, tokens the target's prefix cache held", registry=r
+        ),
         time_to_first_token=Histogram(
             "time_to_first_token_seconds",
             "Time to first token",

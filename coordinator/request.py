@@ -127,8 +127,24 @@ class Request:
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
+    def prefill_end(self) -> int:
+        """Tokens the target must hold before the request decodes: its prompt, or, resumed
+        after a preemption, every committed token but the last (the next verify feeds it)."""
+        return self.num_prompt_tokens if self.num_output_tokens == 0 else self.num_tokens - 1
+
+    @property
     def is_prefilling(self) -> bool:
-        return self.num_target_cached < self.num_prompt_tokens and self.num_output_tokens == 0
+        return self.num_target_cached < self.prefill_end
+
+    def preempt(self) -> None:
+        """Back to waiting with nothing held: both services release it, and it resumes by
+        prefilling its committed log (recompute), so its output does not change."""
+        self.status = RequestStatus.WAITING
+        self.num_target_cached = 0
+        self.num_draft_cached = None  # released, then re-ingested from 0
+        self.ahead = []
+        self.accepted_all = False
+        self.stats.num_preemptions += 1
 
     @property
     def is_done(self) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -37,6 +38,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.detokenizer import IncrementalDetokenizer, load_tokenizer
 from coordinator.engine import Engine, ModelLimits
 from coordinator.errors import InvalidRequest, SpecDecError
+from coordinator.kv_pool import KVPool
 from coordinator.metrics import Metrics, create_metrics, serve_metrics
 from coordinator.prompts import PromptEncoder
 from coordinator.request import Request
@@ -66,19 +68,8 @@ CHANNEL_OPTIONS = [
 
 
 def stats_pb(stats: SpecStats) -> coordinator_pb2.SpecDecodeStats:
-    return coordinator_pb2.SpecDecodeStats(
-        num_drafts=stats.num_drafts,
-        num_draft_tokens=stats.num_draft_tokens,
-        num_accepted_tokens=stats.num_accepted_tokens,
-        accepted_per_position=stats.accepted_per_position,
-        num_k0_steps=stats.num_k0_steps,
-        num_ingest_plans=stats.num_ingest_plans,
-        num_steps=stats.num_steps,
-        step_seconds=stats.step_seconds,
-        num_ahead_proposals=stats.num_ahead_proposals,
-        num_ahead_used=stats.num_ahead_used,
-        num_lookup_drafts=stats.num_lookup_drafts,
-    )
+    """The proto's fields are ``SpecStats``'s, name for name."""
+    return coordinator_pb2.SpecDecodeStats(**dataclasses.asdict(stats))
 
 
 async def prompt_ids_of(
@@ -261,7 +252,25 @@ def model_limits(
         target_kv_scales=_kv_table(
             override.get("target"), target_info.kv_scales, "target", target_info
         ),
+        target_kv=kv_pool("target", target_info, max_model_len),
+        draft_kv=kv_pool("draft", draft_info, max_model_len),
     )
+
+
+def kv_pool(name: str, info: common_pb2.ModelInfo, max_model_len: int) -> KVPool | None:
+    """The service's KV pool as it reported it (None where it reported none); warns when
+    one sequence of max_model_len tokens would not fit it."""
+    if not info.num_total_pages:
+        return None
+    pool = KVPool(name, info.page_size, info.num_total_pages, info.num_free_pages)
+    if pool.num_tokens < max_model_len:
+        logger.warning(
+            "the %s's KV cache holds %d tokens, fewer than max_model_len=%d: a request whose "
+            "prompt + max_tokens exceed it is refused (RESOURCE_EXHAUSTED); give the %s more "
+            "--kv-cache-memory or lower --max-model-len",
+            name, pool.num_tokens, max_model_len, name,
+        )  # fmt: skip
+    return pool
 
 
 def add_vllm_worker(server, engine, encoder, config, target, target_info) -> str:

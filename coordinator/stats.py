@@ -26,6 +26,8 @@ class SpecStats:
     num_ahead_proposals: int = 0  # prepared during the previous verify (pipelining)
     num_ahead_used: int = 0  # of those, used: the commit matched what they assumed
     num_lookup_drafts: int = 0  # proposals the draft found by prompt lookup (no forward)
+    num_preemptions: int = 0  # KV released when the pools ran short, recomputed on resume
+    num_cached_tokens: int = 0  # prompt tokens the target took from its prefix cache
 
     def observe_draft(
         self, num_draft_tokens: int, num_accepted: int, num_k0_steps: int = 1

@@ -14,7 +14,7 @@ from coordinator.errors import (
     Cancelled,
     InvalidRequest,
     NotReady,
-    QueueFull,
+    ResourceExhausted,
     ServiceError,
     SpecDecError,
 )
@@ -25,7 +25,7 @@ tracer = trace.get_tracer("specdec.coordinator")
 
 _STATUS_BY_ERROR: dict[type[SpecDecError], grpc.StatusCode] = {
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
-    QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     NotReady: grpc.StatusCode.UNAVAILABLE,
     Cancelled: grpc.StatusCode.CANCELLED,
 }

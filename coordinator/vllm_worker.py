@@ -213,6 +213,7 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
                         token_ids=delta,
                         prompt_tokens=req.num_prompt_tokens,
                         completion_tokens=len(output),
+                        cached_tokens=req.stats.num_cached_tokens,
                     )
                 )
             if finish is not None:
@@ -229,6 +230,7 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
             finish_reason=finish,
             prompt_tokens=req.num_prompt_tokens,
             completion_tokens=len(output_ids),
+            cached_tokens=req.stats.num_cached_tokens,
             spec_accepted_tokens=req.stats.num_accepted_tokens,
             spec_draft_tokens=req.stats.num_draft_tokens,
         )

@@ -83,6 +83,7 @@ class DraftStepResult:
     proposals: list[Proposal]
     cached: dict[str, int]  # committed length held, per request ingested or proposed for
     failed: dict[str, Exception] = field(default_factory=dict)  # refused alone, unchanged
+    num_free_pages: int = 0  # after the step: ``Drafter.num_free_pages``
 
 
 @dataclass
@@ -174,6 +175,17 @@ class Drafter:
     def num_sequences(self) -> int:
         return len(self._seqs)
 
+    @property
+    def num_free_pages(self) -> int:
+        """The runner's free pages less those its pending tokens (ingested, KV not computed
+        yet) will take when computed; at least 0."""
+        page_size = self.runner.config.page_size
+        promised = 0
+        for rid, seq in self._seqs.items():
+            held = self.runner.seq_len(rid)
+            promised += _cdiv(held + len(seq.pending), page_size) - _cdiv(held, page_size)
+        return max(self.runner.num_free_pages - promised, 0)
+
     def num_committed(self, request_id: str) -> int:
         """Committed tokens held for the request (0 if none)."""
         seq = self._seqs.get(request_id)
@@ -212,7 +224,7 @@ class Drafter:
         self.num_ingest_plans += len(step.ingest)
         self.num_ingested_tokens += sum(len(p.token_ids) for p in step.ingest)
         cached = {rid: self._seqs[rid].num_committed for rid in work}
-        return DraftStepResult(proposals, cached, failed)
+        return DraftStepResult(proposals, cached, failed, self.num_free_pages)
 
     def release(self, request_ids: list[str]) -> int:
         """Drop the requests' sequences (ids not held are ignored); returns how many."""
@@ -413,9 +425,9 @@ class Drafter:
             for w in fed
         ):
             return None
-        self._open_and_truncate(work, version)
         ids = [w.request_id for w in fed]
         try:
+            self._open_and_truncate(work, version)
             picked = self.runner.decode_greedy(
                 ids, [w.feed[0] for w in fed], picks, min_prob, uncut
             )
@@ -454,13 +466,14 @@ class Drafter:
     def _ingest(self, work: dict[str, _Work], version: int) -> dict[str, torch.Tensor]:
         """Truncate, then one ``extend`` for every ingest; logits at each proposer's last
         committed token."""
-        self._open_and_truncate(work, version)
         chunks = [SequenceChunk(w.request_id, w.feed, int(w.num_picks > 0)) for w in work.values()]
         chunks = [c for c in chunks if c.token_ids]
         try:
+            self._open_and_truncate(work, version)
             logits = self.runner.extend(chunks) if chunks else []
         except BaseException:
-            # Pages were checked up front, so this is unexpected; a truncated sequence can
+            # Pages were checked up front, so this is unexpected (a cut into a cached block
+            # another request shares takes a page for its copy); a truncated sequence can
             # not be restored, so drop them all and let the coordinator re-sync them.
             self.release(list(work))
             raise

@@ -80,6 +80,7 @@ def result_to_proto(result: DraftStepResult) -> draft_pb2.DraftStepResponse:
             )
             for rid, e in result.failed.items()
         ],
+        num_free_pages=result.num_free_pages,
     )
 
 
@@ -116,6 +117,7 @@ def split_result(
             proposals=[p for p in result.proposals if p.request_id in ids],
             cached={rid: n for rid, n in result.cached.items() if rid in ids},
             failed={rid: e for rid, e in result.failed.items() if rid in ids},
+            num_free_pages=result.num_free_pages,
         )
     )
 

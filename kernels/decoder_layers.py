@@ -61,6 +61,7 @@ class _Greedy(ctypes.Structure):
         ("min_prob", _F32),
         ("min_prob_from", _I32),
         ("num_picks", _P),
+        ("stop", _P),
     ]
 
 
@@ -196,6 +197,7 @@ class DecoderLayers:
         head: GreedyHead,
         min_prob: float = 0.0,
         min_prob_from: int = 0,
+        stop: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy decoding in one C call: each of the batch's sequences feeds its token of
         ``tokens [B]`` (int64), picks the argmax of the head's logits, and feeds that next,
@@ -204,7 +206,8 @@ class DecoderLayers:
         the first ``min_prob_from`` picks excepted (its later rows are not picks).
         ``positions``, ``step.kv_rows`` and ``step.kv_lens`` hold one row per forward
         (``[steps, B]``, ``[steps, 2 B]``, ``[steps, B]``); the page tables cover every
-        forward's tokens."""
+        forward's tokens. ``stop``: None, or an int32 [1] flag another thread may set to end
+        the loop before its next forward, each sequence keeping the picks made so far."""
         s = self.shape
         steps, batch = positions.shape
         if tokens.dtype != torch.int64 or tokens.shape != (batch,):
@@ -230,6 +233,7 @@ class DecoderLayers:
             rows, None if head.token_ids is None else head.token_ids.data_ptr(),
             positions.data_ptr(), step.kv_rows.data_ptr(), step.kv_lens.data_ptr(),
             min_prob, min_prob_from, num_picks.data_ptr(),
+            None if stop is None else _int32_flag(stop),
         )  # fmt: skip
         status = self._greedy(
             self._table, self.num_layers, ctypes.byref(spec), ctypes.byref(greedy),
@@ -253,6 +257,12 @@ class DecoderLayers:
 
 def _address(weight: torch.Tensor | GGUFWeight) -> int:
     return weight.address if isinstance(weight, GGUFWeight) else weight.data_ptr()
+
+
+def _int32_flag(flag: torch.Tensor) -> int:
+    if flag.dtype != torch.int32 or flag.numel() != 1 or not flag.is_cpu:
+        raise ValueError("stop must be a CPU int32 tensor of one element")
+    return flag.data_ptr()
 
 
 def _check(status: int) -> None:

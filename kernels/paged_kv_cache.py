@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -43,8 +43,11 @@ def _rows_of_heads(x: torch.Tensor) -> bool:
 class PagedKVCache:
     """KV pages for ``num_layers`` layers and the page table of every open sequence.
 
-    Invariants: an open sequence of length ``n`` owns exactly ``ceil(n / page_size)``
-    pages; every failing call leaves the bookkeeping unchanged.
+    Invariants: an open sequence of length ``n`` holds exactly ``ceil(n / page_size)``
+    pages; a page may be held by several sequences (``attach``) and published under a key
+    (``publish``, ``lookup``) only while it is full in each of them: a sequence's partial
+    last page, the one its next tokens are written to, is its alone and unpublished.
+    Every failing call leaves the bookkeeping unchanged.
     """
 
     def __init__(
@@ -99,6 +102,8 @@ class PagedKVCache:
 
     @property
     def num_free_pages(self) -> int:
+        """Pages ``reserve`` can take: free ones and cached ones nobody holds (evicted on
+        demand, least recently used first)."""
         return self._allocator.num_free
 
     @property
@@ -158,19 +163,62 @@ class PagedKVCache:
             self._lens[seq_id] = start + n
         return torch.tensor(slots, dtype=torch.int64, device=self.device)
 
+    def attach(self, seq_id: str, pages: list[int]) -> None:
+        """Append full pages other sequences hold or the cache keeps (``lookup``) to a
+        sequence whose length is a multiple of ``page_size``: one more holder each, and
+        ``page_size`` more tokens per page. ValueError, and no change, otherwise."""
+        length = self.seq_len(seq_id)
+        if length % self.page_size:
+            raise ValueError(
+                f"cannot attach pages to {seq_id!r}: its {length} tokens end inside a page"
+            )
+        self._allocator.share(pages)
+        self._pages[seq_id].extend(pages)
+        self._lens[seq_id] = length + len(pages) * self.page_size
+
     def truncate(self, seq_id: str, length: int) -> None:
-        """Keep the first ``length`` tokens and free the pages past them."""
+        """Keep the first ``length`` tokens and drop the pages past them.
+
+        A page the cut leaves partial will be written again, so it is made the sequence's
+        alone and unpublished: unpublished where no other sequence holds it, else replaced
+        by a private copy (the others keep the published page). A copy needs a page:
+        OutOfPagesError, and no change, where none is free.
+        """
         current = self.seq_len(seq_id)
         if not 0 <= length <= current:
             raise ValueError(f"cannot truncate {seq_id!r} to {length} tokens: it holds {current}")
         pages = self._pages[seq_id]
         keep = _cdiv(length, self.page_size)
+        if length % self.page_size:
+            pages[keep - 1] = self._writable(pages[keep - 1])
         self._allocator.free(pages[keep:])
         del pages[keep:]
         self._lens[seq_id] = length
 
+    def _writable(self, page: int) -> int:
+        """``page`` unpublished if one sequence holds it, else a private copy of it."""
+        if self._allocator.refcount(page) == 1:
+            self._allocator.unpublish(page)
+            return page
+        (copy,) = self._allocator.allocate(1)
+        for layer in self.kv_layers:
+            layer[copy].copy_(layer[page])
+        self._allocator.free([page])
+        return copy
+
+    def publish(self, seq_id: str, block: int, key: Hashable) -> None:
+        """Register the sequence's full page ``block`` under ``key`` for ``lookup`` (a
+        no-op if the key names a page already). ValueError if the page is not full."""
+        if (block + 1) * self.page_size > self.seq_len(seq_id):
+            raise ValueError(f"block {block} of {seq_id!r} is not full; it cannot be published")
+        self._allocator.publish(self._pages[seq_id][block], key)
+
+    def lookup(self, key: Hashable) -> int | None:
+        """The page published under ``key`` (held or evictable), or None."""
+        return self._allocator.lookup(key)
+
     def free(self, seq_id: str) -> None:
-        """Close the sequence and return all its pages."""
+        """Close the sequence and drop its pages (published ones stay cached, evictable)."""
         self._allocator.free(self._pages[self._check_open(seq_id)])
         del self._pages[seq_id]
         del self._lens[seq_id]

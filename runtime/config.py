@@ -11,17 +11,19 @@ COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 # Weight quantization at load (vLLM's --quantization): "int8" holds every linear (the
 # head included) as int8 with one float32 scale per output channel, weight-only.
 QUANTIZATIONS = ("none", "int8")
-DEFAULT_KV_CACHE_MEMORY_BYTES = 256 * 1024 * 1024
+# The pool when no size is given: 16 sequences of 2048 tokens.
+DEFAULT_KV_CACHE_TOKENS = 32768
 
 
 @dataclass(frozen=True)
 class RuntimeConfig:
     """How one model is run.
 
-    ``num_pages`` wins over ``kv_cache_memory_bytes``; with neither, the cache gets
-    ``DEFAULT_KV_CACHE_MEMORY_BYTES``. ``max_model_len`` defaults to (and may not exceed)
-    the checkpoint's ``max_position_embeddings``. ``kv_scales_path`` names a JSON
-    ``KVScaleTable`` that overrides the checkpoint's scales.
+    ``num_pages`` wins over ``kv_cache_memory_bytes``; with neither, the cache gets the
+    pages of ``DEFAULT_KV_CACHE_TOKENS`` tokens. ``max_model_len`` defaults to (and may not
+    exceed) the checkpoint's ``max_position_embeddings``. ``kv_scales_path`` names a JSON
+    ``KVScaleTable`` that overrides the checkpoint's scales. ``enable_prefix_caching``: full
+    KV blocks are kept and shared between sequences by content (``runtime.prefix_cache``).
 
     ``dtype`` is the weights' dtype. Where the CPU kernels run (``cpu_kernels``) the
     activations, and with them an ``auto`` KV cache, stay float32 whatever it is (the
@@ -42,6 +44,7 @@ class RuntimeConfig:
     kv_scales_path: str | None = None
     seed: int = 0
     quantization: str = "none"
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in COMPUTE_DTYPES:
@@ -120,10 +123,12 @@ class RuntimeConfig:
     def resolved_num_pages(self) -> int:
         if self.num_pages is not None:
             return self.num_pages
-        budget = self.kv_cache_memory_bytes or DEFAULT_KV_CACHE_MEMORY_BYTES
-        num_pages = budget // self.page_bytes
+        if self.kv_cache_memory_bytes is None:
+            return -(-DEFAULT_KV_CACHE_TOKENS // self.page_size)
+        num_pages = self.kv_cache_memory_bytes // self.page_bytes
         if num_pages <= 0:
             raise ValueError(
-                f"kv_cache_memory_bytes={budget} is smaller than one page ({self.page_bytes} B)"
+                f"kv_cache_memory_bytes={self.kv_cache_memory_bytes} is smaller than one page "
+                f"({self.page_bytes} B)"
             )
         return num_pages

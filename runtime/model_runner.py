@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from runtime.config import RuntimeConfig
 from runtime.context import PagedContext
 from runtime.kv_scales import KVScalesMismatchError, KVScaleTable
 from runtime.loader import load_model
+from runtime.prefix_cache import PrefixCache, root_key
 from runtime.sequence import SequenceChunk
 
 
@@ -28,7 +30,9 @@ class ModelRunner:
     """A model plus its paged KV cache, driven one ragged step (``extend``) at a time.
 
     Invariants: every open sequence's cached length equals the number of tokens extended
-    into it (minus truncations); a failing ``extend`` changes no sequence.
+    into it (minus truncations); a failing ``extend`` changes no sequence. With prefix
+    caching on, a chunk's leading full blocks may come from the cache instead of a forward
+    (``PrefixCache.match``), and every block a sequence completes is published for others.
     """
 
     def __init__(self, config: RuntimeConfig) -> None:
@@ -63,6 +67,11 @@ class ModelRunner:
         self._sm_scale = mc.head_dim**-0.5
         self._seq_tables: dict[str, KVScaleTable] = {}
         self.forward_seconds = 0.0  # wall time inside extend's forward passes
+        self._prefix = PrefixCache(self.cache) if config.enable_prefix_caching else None
+        self.prefix_cache_queries = 0  # tokens of full blocks chunks could take from the cache
+        self.prefix_cache_hits = 0  # tokens of those taken (attached, not computed)
+        self.num_computed_tokens = 0  # tokens run through forwards (extend, decode_greedy)
+        self.last_prefix_hits: dict[str, int] = {}  # the last extend's hits, per sequence
         if config.kv_scales_path:
             table = KVScaleTable.load(config.kv_scales_path)
         else:
@@ -142,6 +151,7 @@ class ModelRunner:
                 f"this runner uses {self.kv_cache_dtype!r}"
             )
         self._kv_scales = table
+        self._prefix_root = root_key(table, str(self.kv_torch_dtype))
         if is_fp8(self.kv_torch_dtype):
             self._step_scales = (table.k_scale, table.v_scale)
         else:  # non-FP8 caches ignore scales; keep the attention math exact
@@ -153,6 +163,8 @@ class ModelRunner:
         """Start an empty sequence. ValueError if it is already open."""
         self.cache.open(seq_id)
         self._seq_tables[seq_id] = self._kv_scales
+        if self._prefix is not None:
+            self._prefix.open(seq_id)
 
     def has(self, seq_id: str) -> bool:
         return self.cache.has(seq_id)
@@ -162,13 +174,21 @@ class ModelRunner:
         return self.cache.seq_len(seq_id)
 
     def truncate(self, seq_id: str, length: int) -> None:
-        """Drop the sequence's tokens past ``length`` (e.g. rejected proposals)."""
+        """Drop the sequence's tokens past ``length`` (e.g. rejected proposals).
+
+        OutOfPagesError, and no change, in the one case that takes a page: a cut into a
+        cached block another sequence holds too gets a private copy of it.
+        """
         self.cache.truncate(seq_id, length)
+        if self._prefix is not None:
+            self._prefix.truncate(seq_id, length)
 
     def release(self, seq_id: str) -> None:
         """Close the sequence and free its pages. KeyError if it is not open."""
         self.cache.free(seq_id)
         del self._seq_tables[seq_id]
+        if self._prefix is not None:
+            self._prefix.release(seq_id)
 
     # ---- the step --------------------------------------------------------------------------
 
@@ -181,23 +201,29 @@ class ModelRunner:
         changes. Raises KeyError (sequence not open), ValueError (sequence twice in one
         call, or past ``max_model_len``), ``OutOfPagesError`` (cache full),
         ``KVScalesMismatchError`` (sequence written under an older KV-scale table).
+
+        Afterwards ``last_prefix_hits`` holds, per sequence extended, how many leading
+        tokens of its chunk came from the prefix cache (none computed; {} with it off).
         """
         self._validate(chunks)
-        active = [c for c in chunks if c.token_ids]
-        seq_ids = [c.seq_id for c in active]
-        query_lens = [len(c.token_ids) for c in active]
+        seq_ids = [c.seq_id for c in chunks if c.token_ids]
         old_lens = [self.cache.seq_len(s) for s in seq_ids]
-        if active:
-            self.cache.reserve(seq_ids, query_lens)
-        start = time.perf_counter()
         try:
+            matched = self._take_cached_prefixes(chunks)
+            active = [_skip(c, matched) for c in chunks if c.token_ids]
+            query_lens = [len(c.token_ids) for c in active]
+            if active:
+                self.cache.reserve(seq_ids, query_lens)
+            start = time.perf_counter()
             logits = self._forward(active, seq_ids, query_lens) if active else None
         except BaseException:
             self._truncate_to(seq_ids, old_lens)
             raise
         self.forward_seconds += time.perf_counter() - start
-        for seq_id in seq_ids:
-            self._seq_tables[seq_id] = self._kv_scales
+        self._record(active)
+        self.last_prefix_hits = {seq_id: hit for seq_id, (_, hit) in matched.items()}
+        self.prefix_cache_queries += sum(queried for queried, _ in matched.values())
+        self.prefix_cache_hits += sum(self.last_prefix_hits.values())
         empty = torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
         results: list[torch.Tensor] = []
         offset = 0
@@ -217,6 +243,7 @@ class ModelRunner:
         steps: int,
         min_prob: float = 0.0,
         min_prob_from: int = 0,
+        stop: torch.Tensor | None = None,
     ) -> list[list[int]] | None:
         """Greedy decoding with no Python between forwards: each sequence feeds its token
         of ``tokens``, then the argmax of its logits, ``steps`` times, in one C call
@@ -225,8 +252,10 @@ class ModelRunner:
         where one's probability fell below ``min_prob`` (the picks before it; the first
         ``min_prob_from`` picks are kept whatever their probability); a sequence
         then holds as many more tokens as it has picks (its token, then every pick but the
-        last). None, with nothing changed, where the C loop does not apply (PyTorch path,
-        FP8 KV cache, reference attention). Errors as ``extend``'s, all-or-nothing."""
+        last; ``num_computed_tokens`` counts those). None, with nothing changed, where the
+        C loop does not apply (PyTorch path, FP8 KV cache, reference attention). ``stop``: an
+        int32 [1] flag another thread may set to end the loop before its next forward, each
+        sequence keeping the picks made so far. Errors as ``extend``'s, all-or-nothing."""
         if not self.decodes_greedy_in_c or steps < 1:
             return None
         layers, head = self.model.model.native_layers, self.model.greedy_head()
@@ -238,7 +267,7 @@ class ModelRunner:
         start = time.perf_counter()
         try:
             picked = self._greedy_forward(
-                layers, head, seq_ids, tokens, steps, old_lens, (min_prob, min_prob_from)
+                layers, head, seq_ids, tokens, steps, old_lens, (min_prob, min_prob_from), stop
             )
         except BaseException:
             self._truncate_to(seq_ids, old_lens)
@@ -246,16 +275,33 @@ class ModelRunner:
         self.forward_seconds += time.perf_counter() - start
         picks, counts = picked[0].t().tolist(), picked[1].tolist()
         self._truncate_to(seq_ids, [n + c for n, c in zip(old_lens, counts, strict=True)])
-        for seq_id in seq_ids:
-            self._seq_tables[seq_id] = self._kv_scales
+        rows = zip(seq_ids, tokens, picks, counts, strict=True)
+        # A sequence holds its token, then every pick but the last, as many as it keeps.
+        self._record([SequenceChunk(s, [t, *row][:c], 0) for s, t, row, c in rows])
         return [row[:c] for row, c in zip(picks, counts, strict=True)]
 
     def _truncate_to(self, seq_ids: list[str], lengths: list[int]) -> None:
         for seq_id, length in zip(seq_ids, lengths, strict=True):
-            self.cache.truncate(seq_id, length)
+            self.truncate(seq_id, length)
+
+    def _take_cached_prefixes(self, chunks: list[SequenceChunk]) -> dict[str, tuple[int, int]]:
+        """Attaches each chunk's cached leading blocks (``PrefixCache.match``); per
+        sequence, (tokens looked up, tokens attached). Empty with prefix caching off."""
+        if self._prefix is None:
+            return {}
+        return {c.seq_id: self._prefix.match(c, self._prefix_root) for c in chunks if c.token_ids}
+
+    def _record(self, chunks: list[SequenceChunk]) -> None:
+        """After a step: the chunks' tokens are computed under the current table, and the
+        blocks they complete are published."""
+        for chunk in chunks:
+            self._seq_tables[chunk.seq_id] = self._kv_scales
+            self.num_computed_tokens += len(chunk.token_ids)
+            if self._prefix is not None:
+                self._prefix.record(chunk.seq_id, chunk.token_ids, self._prefix_root)
 
     def _greedy_forward(
-        self, layers, head, seq_ids, tokens, steps, old_lens, cut: tuple[float, int]
+        self, layers, head, seq_ids, tokens, steps, old_lens, cut: tuple[float, int], stop
     ) -> tuple[torch.Tensor, torch.Tensor]:
         batch = len(seq_ids)
         meta = build_attention_metadata(self.cache, seq_ids, [steps] * batch)
@@ -280,7 +326,7 @@ class ModelRunner:
         )
         first = torch.tensor(tokens, dtype=torch.int64)
         return layers.greedy(
-            first, by_forward(meta.positions), rope.cos, rope.sin_signed, step, head, *cut
+            first, by_forward(meta.positions), rope.cos, rope.sin_signed, step, head, *cut, stop
         )
 
     def _validate(self, chunks: list[SequenceChunk]) -> None:
@@ -343,3 +389,9 @@ class ModelRunner:
             return hidden.new_empty(0, self.vocab_size, dtype=torch.float32)
         index = torch.tensor(rows, dtype=torch.int64, device=self.device)
         return self.model.compute_logits(hidden.index_select(0, index))
+
+
+def _skip(chunk: SequenceChunk, matched: dict[str, tuple[int, int]]) -> SequenceChunk:
+    """The chunk less its tokens whose KV the prefix cache attached."""
+    _, hit = matched.get(chunk.seq_id, (0, 0))
+    return replace(chunk, token_ids=chunk.token_ids[hit:]) if hit else chunk

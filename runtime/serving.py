@@ -13,6 +13,7 @@ import asyncio
 import functools
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -36,7 +37,12 @@ from kernels.attention import ATTENTION_BACKENDS
 from kernels.fp8 import KV_CACHE_DTYPES
 from kernels.paged_kv_cache import OutOfPagesError
 from protos.specdec.v1 import common_pb2
-from runtime.config import COMPUTE_DTYPES, QUANTIZATIONS, RuntimeConfig
+from runtime.config import (
+    COMPUTE_DTYPES,
+    DEFAULT_KV_CACHE_TOKENS,
+    QUANTIZATIONS,
+    RuntimeConfig,
+)
 from runtime.kv_scales import KVScalesMismatchError, KVScaleTable
 from runtime.model_runner import ModelRunner
 from runtime.sequence import SequenceChunk
@@ -63,6 +69,24 @@ def message_limits(vocab_size: int) -> list[tuple[str, int]]:
 
 # ---- config -------------------------------------------------------------------------------
 
+_SIZE_UNITS = {
+    "": 1,
+    **{unit: 1000 ** (i + 1) for i, unit in enumerate("KMGT")},
+    **{f"{unit}I": 1024 ** (i + 1) for i, unit in enumerate("KMGT")},
+}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``1073741824``, ``512MiB``, ``2GiB``, ``1G`` (K/M/G/T: powers of 1000,
+    KiB/MiB/GiB/TiB: of 1024; a trailing B is optional, case is ignored)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]I?)?B?\s*", text.upper())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size: give bytes (1073741824) or a number with a unit "
+            f"(512MiB, 2GiB, 1G)"
+        )
+    return int(float(match[1]) * _SIZE_UNITS[match[2] or ""])
+
 
 @dataclass(frozen=True)
 class ServiceConfig:
@@ -85,7 +109,19 @@ class ServiceConfig:
     num_gpu_blocks_override: int | None = field(
         default=None, metadata={"help": "number of KV pages (default: from the memory budget)"}
     )
-    kv_cache_memory_bytes: int | None = field(default=None, metadata={"help": "KV budget"})
+    kv_cache_memory_bytes: int | None = field(
+        default=None,
+        metadata={
+            "flags": ("--kv-cache-memory", "--kv-cache-memory-bytes"),
+            "type": parse_size,
+            "help": "KV cache size in bytes, or with a unit: 512MiB, 2GiB, 1G (default: "
+            f"pages for {DEFAULT_KV_CACHE_TOKENS} tokens)",
+        },
+    )
+    enable_prefix_caching: bool = field(
+        default=True,
+        metadata={"help": "keep full KV blocks and share them between requests by content"},
+    )
     max_model_len: int | None = field(default=None, metadata={"help": "default: checkpoint's"})
     device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:1, ..."})
     attention_backend: str = field(
@@ -122,29 +158,31 @@ class ServiceConfig:
             max_model_len=self.max_model_len,
             device=self.device,
             attention_backend=self.attention_backend,
+            enable_prefix_caching=self.enable_prefix_caching,
         )
 
     @classmethod
     def from_args(cls, prog: str, argv: Sequence[str] | None = None) -> ServiceConfig:
-        """Parse flags whose names, types, defaults and choices come from the fields."""
+        """Parse flags whose names, types, defaults and choices come from the fields; a
+        bool field is a ``--name / --no-name`` pair."""
         parser = argparse.ArgumentParser(prog=prog)
         hints = typing.get_type_hints(cls)
         for f in fields(cls):
-            kind = next(t for t in (int, float, str) if t in (hints[f.name], *_args(hints[f.name])))
-            required = f.name == "model"
-            parser.add_argument(
-                "--" + f.name.replace("_", "-"),
-                type=kind,
-                required=required,
-                default=None if required else f.default,
-                choices=f.metadata.get("choices"),
-                help=f.metadata.get("help"),
-            )
+            flags = f.metadata.get("flags", ("--" + f.name.replace("_", "-"),))
+            parser.add_argument(*flags, dest=f.name, **_argument(f, hints[f.name]))
         return cls(**vars(parser.parse_args(argv)))
 
 
-def _args(hint: Any) -> tuple[Any, ...]:
-    return typing.get_args(hint)
+def _argument(f: Any, hint: Any) -> dict[str, Any]:
+    """``add_argument``'s keywords for a field, other than its flags."""
+    required = f.name == "model"
+    common = {"default": None if required else f.default, "help": f.metadata.get("help")}
+    if hint is bool:
+        return {**common, "action": argparse.BooleanOptionalAction}
+    kind = f.metadata.get("type") or next(
+        t for t in (int, float, str) if t in (hint, *typing.get_args(hint))
+    )
+    return {**common, "type": kind, "required": required, "choices": f.metadata.get("choices")}
 
 
 # ---- domain errors and their status codes (the one place) ---------------------------------
@@ -226,6 +264,7 @@ def load_runner(config: ServiceConfig) -> ModelRunner:
     torch.set_num_threads(threads)
     dense_ops.set_num_threads(threads)
     runner = ModelRunner(config.runtime_config())
+    log.info("%s", kv_capacity(runner))
     seq = "\x00warmup"
     runner.open(seq)
     try:
@@ -234,6 +273,21 @@ def load_runner(config: ServiceConfig) -> ModelRunner:
     finally:
         runner.release(seq)
     return runner
+
+
+def kv_capacity(runner: ModelRunner) -> str:
+    """The KV pool in vLLM's terms: pages, tokens, bytes, and how many requests of
+    ``max_model_len`` tokens fit at once."""
+    config, num_pages = runner.config, runner.cache.num_pages
+    tokens = num_pages * config.page_size
+    mib = num_pages * config.page_bytes / (1 << 20)
+    dtype = str(runner.kv_torch_dtype).removeprefix("torch.")
+    caching = "on" if config.enable_prefix_caching else "off"
+    return (
+        f"KV cache: {num_pages} pages of {config.page_size} tokens = {tokens} tokens "
+        f"({mib:.1f} MiB, {dtype}); maximum concurrency for {runner.max_model_len} tokens "
+        f"per request: {tokens / runner.max_model_len:.2f}x; prefix caching {caching}"
+    )
 
 
 # ---- the RPCs both services share ------------------------------------------------------
@@ -492,5 +546,9 @@ def model_info(runner: ModelRunner, **counters: float) -> common_pb2.ModelInfo:
         kv_scales=kv_table_to_proto(runner.kv_scales),
         num_layers=runner.num_layers,
         forward_seconds=runner.forward_seconds,
+        prefix_cache_queries=runner.prefix_cache_queries,
+        prefix_cache_hits=runner.prefix_cache_hits,
+        num_computed_tokens=runner.num_computed_tokens,
+        prefix_caching=runner.config.enable_prefix_caching,
         **counters,
     )

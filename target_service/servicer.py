@@ -18,7 +18,12 @@ from telemetry.tracing import rpc_span
 def prefill_from_proto(msg: target_pb2.PrefillChunk) -> PrefillChunk:
     sampling = Sampling.from_proto(msg.sampling, msg.request_id)
     return PrefillChunk(
-        msg.request_id, msg.start_position, tuple(msg.token_ids), msg.is_last, sampling
+        msg.request_id,
+        msg.start_position,
+        tuple(msg.token_ids),
+        msg.is_last,
+        sampling,
+        msg.resumes,
     )
 
 
@@ -72,6 +77,7 @@ def result_to_proto(r: VerifyResult) -> target_pb2.VerifyResult:
         token_ids=r.token_ids,
         num_accepted=r.num_accepted,
         num_cached_tokens=r.num_cached_tokens,
+        num_prefix_cached_tokens=r.num_prefix_cached_tokens,
     )
     if r.error is not None:
         result.error_code = status_code_for(r.error).name
@@ -112,8 +118,19 @@ class TargetServicer(ModelServicer, target_pb2_grpc.TargetServiceServicer):
         decode = _convert(
             [e for e in request.decode if e.request_id in mine], entry_from_proto, failed
         )
-        results = self.model.verify(prefill, decode, failed, request.num_steps)
-        return target_pb2.VerifyResponse(results=[result_to_proto(r) for r in results])
+        burst = (owner, request.step_id)
+        results = self.model.verify(prefill, decode, failed, request.num_steps, burst)
+        return target_pb2.VerifyResponse(
+            results=[result_to_proto(r) for r in results],
+            num_free_pages=self.model.runner.num_free_pages,
+        )
+
+    async def EndBurst(
+        self, request: target_pb2.EndBurstRequest, context: grpc.aio.ServicerContext
+    ) -> target_pb2.EndBurstResponse:
+        """On the serving thread, beside the burst the model thread runs."""
+        ended = self.model.end_burst((self.caller(context), request.step_id))
+        return target_pb2.EndBurstResponse(ended=ended)
 
     def _info(self) -> common_pb2.ModelInfo:
         v = self.model

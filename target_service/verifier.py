@@ -24,13 +24,20 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PrefillChunk:
-    """Prompt tokens from ``start_position``; ``is_last`` emits the first generated token."""
+    """Prompt tokens from ``start_position``; ``is_last`` ends the prefill and emits the
+    first generated token, unless the chunk ``resumes`` a preempted request (its committed
+    log recomputed but the last token, whose token was emitted before)."""
 
     request_id: str
     start_position: int
     token_ids: tuple[int, ...]
     is_last: bool = False
     sampling: Sampling = Sampling()
+    resumes: bool = False
+
+    @property
+    def emits(self) -> bool:
+        return self.is_last and not self.resumes
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,7 @@ class VerifyResult:
     num_accepted: int
     num_cached_tokens: int
     error: Exception | None = None  # this entry failed (nothing of it kept); others went on
+    num_prefix_cached_tokens: int = 0  # of a prefill chunk: tokens taken from the prefix cache
 
 
 class Verifier:
@@ -73,6 +81,11 @@ class Verifier:
         self._streams: dict[str, RandomStream] = {}
         self._prefilled: set[str] = set()  # sequences whose last prefill chunk has run
         self.num_steps = 0
+        # Multi-step bursts: the one running (named by its caller and step id), the last
+        # one asked to end, and the flag that ends it before its next forward.
+        self._burst: object | None = None
+        self._end_asked: object | None = None
+        self._burst_stop = torch.zeros(1, dtype=torch.int32)
 
     @property
     def num_sequences(self) -> int:
@@ -88,22 +101,39 @@ class Verifier:
                 released += 1
         return released
 
+    def end_burst(self, burst: object) -> bool:
+        """Ends the multi-step burst ``burst`` names before its next forward (one that has
+        not started yet stops after its first). Safe from any thread. False when it is not
+        running now."""
+        self._end_asked = burst
+        if self._burst == burst:
+            self._burst_stop[0] = 1
+            return True
+        return False
+
     def verify(
         self,
         prefill: list[PrefillChunk],
         decode: list[VerifyEntry],
         failed: dict[str, Exception] | None = None,
         num_steps: int = 1,
+        burst: object = None,
     ) -> list[VerifyResult]:
         """Runs the step's entries in one forward. An entry that is bad on its own (or whose
         sampling fails) fails alone: its result carries the error, its sequence is as before
         the step, and the others go on. ``failed``: entries the caller already refused
         (e.g. unparsable sampling parameters), reported the same way. ``num_steps`` > 1:
-        see ``decode_steps``."""
+        see ``decode_steps``; ``burst`` names it for ``end_burst``."""
         if num_steps > 1:
             if prefill:
                 raise InvalidRequestError("num_steps > 1 takes no prefill chunks")
-            return self.decode_steps(decode, num_steps, failed)
+            self._burst = burst
+            self._burst_stop[0] = int(burst is not None and self._end_asked == burst)
+            try:
+                return self.decode_steps(decode, num_steps, failed)
+            finally:
+                self._burst = None
+                self._burst_stop[0] = 0
         failed = dict(failed or {})
         self._check_ids([c.request_id for c in prefill] + [e.request_id for e in decode], failed)
         prefill = [c for c in prefill if _passes(self._check_chunk, c, failed)]
@@ -112,7 +142,7 @@ class Verifier:
         for c in opened:
             self.runner.open(c.request_id)
             self._streams[c.request_id] = c.sampling.random_stream(TARGET_DOMAIN)
-        chunks = [SequenceChunk(c.request_id, list(c.token_ids), int(c.is_last)) for c in prefill]
+        chunks = [SequenceChunk(c.request_id, list(c.token_ids), int(c.emits)) for c in prefill]
         chunks += [
             SequenceChunk(e.request_id, [e.last_token_id, *e.proposal_ids], len(e.proposal_ids) + 1)
             for e in decode
@@ -158,7 +188,8 @@ class Verifier:
         full, or the entry now is bad) ends the entries it would have extended where they
         are, and the next request reports the error. Each token is drawn exactly as one
         step would draw it (same position, same random stream), so the output does not
-        depend on ``num_steps``; each result lists every token its entry emitted.
+        depend on ``num_steps``; each result lists every token its entry emitted. A burst
+        ``end_burst`` ends stops before its next forward, each entry keeping what it emitted.
         """
         if any(e.proposal_ids for e in decode):
             raise InvalidRequestError(
@@ -172,7 +203,7 @@ class Verifier:
         live = [e for e in decode if results[e.request_id].error is None]
         live = [e for e in live if not self._stops(e, results[e.request_id].token_ids)]
         for done in range(1, num_steps):
-            if not live:
+            if not live or self._burst_stop[0]:
                 break
             step = [
                 replace(
@@ -220,7 +251,8 @@ class Verifier:
         if live:
             ids = [e.request_id for e in live]
             try:
-                picks = self.runner.decode_greedy(ids, [e.last_token_id for e in live], steps)
+                last = [e.last_token_id for e in live]
+                picks = self.runner.decode_greedy(ids, last, steps, stop=self._burst_stop)
             except OutOfPagesError:
                 return None
             if picks is None:
@@ -325,14 +357,15 @@ class Verifier:
 
     def _emit_first(self, c: PrefillChunk, logits: torch.Tensor) -> VerifyResult:
         tokens: list[int] = []
-        if c.is_last:
+        if c.emits:
             if c.sampling.greedy:
                 tokens = [int(logits[-1].argmax())]
             else:
                 position = c.start_position + len(c.token_ids)  # of the token sampled here
                 u = self._streams[c.request_id].uniform(position, SAMPLE_DRAW)
                 tokens = [sample_token(c.sampling.probs(logits[-1:])[0], u)]
-        return VerifyResult(c.request_id, tokens, 0, self.runner.seq_len(c.request_id))
+        rid, hits = c.request_id, self.runner.last_prefix_hits.get(c.request_id, 0)
+        return VerifyResult(rid, tokens, 0, self.runner.seq_len(rid), num_prefix_cached_tokens=hits)
 
     def _accept(self, e: VerifyEntry, logits: torch.Tensor) -> VerifyResult:
         proposals = list(e.proposal_ids)

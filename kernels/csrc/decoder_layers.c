@@ -118,6 +118,9 @@ struct specdec_greedy {
     float min_prob;
     int min_prob_from;
     int64_t *num_picks;
+    /* NULL, or a flag another thread may set: once it is non-zero, no further forward
+     * starts, and each sequence still picking keeps the picks made so far. */
+    const volatile int32_t *stop;
 };
 
 /* tokens [batch] in: the first token each sequence feeds; out [steps][batch] the picks.
@@ -134,6 +137,11 @@ int specdec_greedy_decode(const struct specdec_layer *layers, int num_layers,
     int64_t num_active = B;
     for (int64_t b = 0; b < B; ++b) g->num_picks[b] = g->steps;
     for (int t = 0; t < g->steps && num_active > 0; ++t) {
+        if (t > 0 && g->stop != NULL && *g->stop != 0) {
+            for (int64_t b = 0; b < B; ++b)
+                if (g->num_picks[b] > t) g->num_picks[b] = t;
+            break;
+        }
         const int64_t *feed = t == 0 ? tokens : out + (int64_t)(t - 1) * B;
         if (s.weight_kind == 4)
             specdec_gguf_rows(g->embed, feed, B, H, hidden);

@@ -43,8 +43,37 @@ def model_info(num_layers: int = 2) -> common_pb2.ModelInfo:
     )
 
 
+class FakePool:
+    """A service's KV pages: a sequence of n tokens holds ceil(n / page_size) pages, and a
+    step that would need more pages than there are is refused whole (RESOURCE_EXHAUSTED)
+    before anything changes, as the services refuse it."""
+
+    def __init__(self, num_pages: int, page_size: int = 4) -> None:
+        self.num_pages, self.page_size = num_pages, page_size
+        self.peak_used = 0  # the most pages the sequences ever held at once
+        self.num_refused = 0
+
+    def used(self, lens: dict[str, int]) -> int:
+        return sum(-(-n // self.page_size) for n in lens.values())
+
+    def check(self, lens: dict[str, int], peaks: dict[str, int]) -> None:
+        """Refuses a step whose sequences would reach ``peaks`` lengths."""
+        used = self.used({**lens, **peaks})
+        if used > self.num_pages:
+            self.num_refused += 1
+            raise rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, f"KV cache is full ({used})")
+        self.peak_used = max(self.peak_used, used)
+
+    def info(self, lens: dict[str, int]) -> common_pb2.ModelInfo:
+        info = model_info()
+        info.num_total_pages, info.page_size = self.num_pages, self.page_size
+        info.num_free_pages = self.num_pages - self.used(lens)
+        return info
+
+
 class FakeTarget:
-    def __init__(self, delay: float = 0.0) -> None:
+    def __init__(self, delay: float = 0.0, pool: FakePool | None = None) -> None:
+        self.pool = pool
         self.held: dict[str, int] = {}
         self.requests: list[target_pb2.VerifyRequest] = []
         self.released: list[str] = []
@@ -54,6 +83,7 @@ class FakeTarget:
         self.metadata: list[dict[str, str]] = []  # gRPC metadata of each Verify
         self.delay = delay
         self.release_delay = 0.0  # seconds a Release takes before it takes effect
+        self.ended_bursts: list[int] = []  # EndBurst's step ids
         # Model work, GetInfo's included, runs one call at a time, as on the real service.
         self.model_thread = asyncio.Lock()
 
@@ -68,6 +98,12 @@ class FakeTarget:
                 await asyncio.sleep(self.delay)
         if self.errors:
             raise self.errors.pop(0)
+        if self.pool is not None:
+            peaks = {c.request_id: c.start_position + len(c.token_ids) for c in request.prefill}
+            peaks.update(
+                {e.request_id: e.start_position + 1 + len(e.proposal_ids) for e in request.decode}
+            )
+            self.pool.check(self.held, peaks)
         results = []
         for chunk in request.prefill:
             held = self.held.get(chunk.request_id, 0)
@@ -109,24 +145,38 @@ class FakeTarget:
                     num_cached_tokens=committed + accepted,
                 )
             )
-        return target_pb2.VerifyResponse(results=results)
+        response = target_pb2.VerifyResponse(results=results)
+        if self.pool is not None:
+            response.num_free_pages = self.pool.num_pages - self.pool.used(self.held)
+        return response
 
     async def Release(self, request, timeout=None, metadata=None):
         await asyncio.sleep(self.release_delay)
         self.released.extend(request.request_ids)
         for rid in request.request_ids:
             self.held.pop(rid, None)
-        return common_pb2.ReleaseResponse(num_released=len(request.request_ids))
+        reply = common_pb2.ReleaseResponse(num_released=len(request.request_ids))
+        if self.pool is not None:
+            reply.num_free_pages = self.pool.num_pages - self.pool.used(self.held)
+        return reply
 
     async def GetInfo(self, request, timeout=None, metadata=None, wait_for_ready=None):
         async with self.model_thread:
-            return model_info()
+            return self.pool.info(self.held) if self.pool else model_info()
+
+    async def EndBurst(self, request, timeout=None, metadata=None):
+        self.ended_bursts.append(request.step_id)
+        return target_pb2.EndBurstResponse(ended=True)
 
 
 class FakeDraft:
     def __init__(
-        self, wrong_positions: frozenset[int] = frozenset(), max_proposals: int | None = None
+        self,
+        wrong_positions: frozenset[int] = frozenset(),
+        max_proposals: int | None = None,
+        pool: FakePool | None = None,
     ) -> None:
+        self.pool = pool  # its sequences hold their logs, and propose past them
         self.max_proposals = max_proposals  # a draft that stops early (--draft-p-min)
         self.logs: dict[str, list[int]] = {}
         self.released_logs: dict[str, list[int]] = {}  # what it held when released
@@ -160,6 +210,13 @@ class FakeDraft:
             draft_pb2.RequestError(request_id=rid, code="INVALID_ARGUMENT", message="planted")
             for rid in sorted(refused)
         ]
+        if self.pool is not None:
+            peaks = self.lens()
+            for plan in request.ingest:
+                peaks[plan.request_id] = plan.start_position + len(plan.token_ids)
+            for entry in request.propose:
+                peaks[entry.request_id] += len(entry.ahead_of) + entry.num_tokens + 1
+            self.pool.check({}, peaks)
         for plan in request.ingest:
             if plan.request_id in refused:
                 continue
@@ -202,17 +259,26 @@ class FakeDraft:
         if self.errors:  # fail_after_ingest: the plans above were kept
             self.failed_request = request
             raise self.errors.pop(0)
-        return draft_pb2.DraftStepResponse(proposals=proposals, cached=cached, failed=failed)
+        response = draft_pb2.DraftStepResponse(proposals=proposals, cached=cached, failed=failed)
+        if self.pool is not None:
+            response.num_free_pages = self.pool.num_pages - self.pool.used(self.lens())
+        return response
+
+    def lens(self) -> dict[str, int]:
+        return {rid: len(log) for rid, log in self.logs.items()}
 
     async def Release(self, request, timeout=None, metadata=None):
         self.releases.append(list(request.request_ids))
         for rid in request.request_ids:
             if rid in self.logs:
                 self.released_logs[rid] = self.logs.pop(rid)
-        return common_pb2.ReleaseResponse(num_released=len(request.request_ids))
+        reply = common_pb2.ReleaseResponse(num_released=len(request.request_ids))
+        if self.pool is not None:
+            reply.num_free_pages = self.pool.num_pages - self.pool.used(self.lens())
+        return reply
 
     async def GetInfo(self, request, timeout=None, metadata=None, wait_for_ready=None):
-        return model_info()
+        return self.pool.info(self.lens()) if self.pool else model_info()
 
 
 async def _serve_call(context, call):

@@ -20,6 +20,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.engine import Engine, ModelLimits
 from coordinator.errors import Cancelled, InvalidRequest, ServiceError
 from coordinator.request import Request, SamplingParams
+from coordinator.server import kv_pool
 from coordinator.stats import SpecStats
 
 
@@ -32,6 +33,8 @@ def make_engine(draft: FakeDraft, target: FakeTarget, **config) -> Engine:
         max_model_len=info.max_model_len,
         eos_token_ids=frozenset(info.eos_token_ids),
         draft_kv_scales=info.kv_scales,
+        target_kv=kv_pool("target", target.pool.info({}), MAX_MODEL_LEN) if target.pool else None,
+        draft_kv=kv_pool("draft", draft.pool.info({}), MAX_MODEL_LEN) if draft.pool else None,
     )
     return Engine(CoordinatorConfig(**config), draft, target, limits)
 
@@ -472,3 +475,31 @@ def test_a_hung_draft_costs_one_deadline_then_steps_skip_it_until_a_probe_answer
     assert len(gaps) >= 2 and gaps[-1] > gaps[0]
     # Once a probe answered, drafting resumed: later steps proposed and were accepted.
     assert r.stats.num_drafts > 0 and r.stats.num_accepted_tokens > 0
+
+
+def test_a_request_arriving_during_a_burst_ends_it_at_the_target():
+    """Multi-step decoding: the burst in flight is ended (EndBurst with its step id) so the
+    newcomer's prefill starts at the next step; once, whatever else arrives."""
+    draft, target = FakeDraft(), FakeTarget(delay=0.05)
+    engine = make_engine(
+        draft, target, speculative_config='{"num_speculative_tokens": 0}', num_scheduler_steps=8
+    )
+
+    async def scenario():
+        engine.start()
+        try:
+            first = make_request("first", [1, 2, 3], 40)
+            engine.add_request(first)
+            while not any(r.num_steps > 1 for r in target.requests):
+                await asyncio.sleep(0.005)
+            burst = next(r for r in target.requests if r.num_steps > 1)
+            late = [make_request(f"late{i}", [4, 5], 4) for i in range(3)]
+            for request in late:
+                engine.add_request(request)
+            await asyncio.gather(*(collect(r) for r in [first, *late]))
+            return burst.step_id
+        finally:
+            await engine.stop()
+
+    step_id = asyncio.run(scenario())
+    assert target.ended_bursts == [step_id]

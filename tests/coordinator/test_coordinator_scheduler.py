@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from coordinator.config import SpeculativeConfig
-from coordinator.errors import QueueFull
+from coordinator.errors import ResourceExhausted
 from coordinator.request import Request, SamplingParams
 from coordinator.scheduler import Scheduler, StepPlan
 
@@ -28,7 +28,7 @@ def apply(plan: StepPlan, accept_all: bool = False) -> None:
         ingest.request.num_draft_cached = ingest.start + len(ingest.token_ids)
     for chunk in plan.prefills:
         chunk.request.num_target_cached = chunk.start + len(chunk.token_ids)
-        if chunk.is_last:
+        if chunk.is_last and not chunk.resumes:
             chunk.request.commit([500], EOS, 1000)
     for entry in plan.decodes:
         r = entry.request
@@ -210,7 +210,7 @@ def test_draft_unavailable_plans_k0_and_no_draft_work():
 def test_full_queue_refuses_new_requests():
     s = make_scheduler(max_queue_len=1)
     s.add(make_request("a", 4))
-    with pytest.raises(QueueFull):
+    with pytest.raises(ResourceExhausted):
         s.add(make_request("b", 4))
 
 

@@ -33,3 +33,31 @@ def test_multi_step_output_equals_one_step_output(prompt_ids):
     assert len(greedy) == 29 and len(sampled) == 40
     stop = alone[13]
     assert stopped == alone[: alone.index(stop) + 1]
+
+
+def test_a_request_arriving_during_a_burst_starts_before_the_burst_would_have_ended(
+    prompt_ids,
+):
+    """Bursts of 64 forwards: a request sent while one runs ends it (EndBurst), so the
+    running request streams only a few more tokens before the newcomer's first token,
+    not the rest of a 64-token burst."""
+    long = GenerateParams(max_tokens=1500, ignore_eos=True)
+    with (
+        running_stack(no_draft=True, num_scheduler_steps=64) as stack,
+        CoordinatorClient(stack.address) as first,
+        CoordinatorClient(stack.address) as second,
+    ):
+        running = first.stream(prompt_ids[0], long)
+        seen = 0
+        for response in running:  # wait for a burst's tokens: the next burst is running
+            seen += len(response.token_ids)
+            if seen > 64:
+                break
+        late = second.stream(prompt_ids[1], GenerateParams(max_tokens=4))
+        next(r for r in late if r.token_ids)
+        gained = 0
+        for response in running:  # what the running request streamed meanwhile
+            gained += len(response.token_ids)
+            break
+        running.cancel()
+    assert gained < 32, gained

@@ -181,3 +181,85 @@ def test_quantize_saturates_out_of_range_values(dtype):
     back = dequantize_fp8(x8, 1.0)
     assert not torch.isnan(back).any()
     assert back.tolist() == [fp8_max(dtype), -fp8_max(dtype), 3.0, fp8_max(dtype)]
+
+
+# ---- shared and published pages (prefix caching) ---------------------------------------
+
+
+def filled(cache: PagedKVCache, seq_id: str, num_tokens: int, value: float) -> None:
+    """Open ``seq_id`` with ``num_tokens`` tokens whose K and V are all ``value``."""
+    cache.open(seq_id)
+    rows = cache.slot_rows(cache.reserve([seq_id], [num_tokens]))
+    kv = torch.full((num_tokens, cache.num_kv_heads, cache.head_dim), value)
+    for layer in range(cache.num_layers):
+        cache.write(layer, rows, kv, kv)
+
+
+def test_attach_shares_full_pages_and_needs_a_page_boundary():
+    cache = make_cache()
+    filled(cache, "a", 8, 1.0)
+    cache.open("b")
+    cache.attach("b", cache.page_table("a"))
+    assert cache.page_table("b") == cache.page_table("a") and cache.seq_len("b") == 8
+    cache.free("a")
+    assert cache.num_free_pages == 6  # b still holds both pages
+    cache.reserve(["b"], [1])
+    with pytest.raises(ValueError, match="inside a page"):
+        cache.attach("b", [5])
+    assert cache.seq_len("b") == 9
+
+
+def test_published_pages_of_a_freed_sequence_stay_findable_until_evicted():
+    cache = make_cache(num_pages=2)
+    filled(cache, "a", 8, 1.0)
+    cache.publish("a", 0, "block0")
+    page = cache.page_table("a")[0]
+    with pytest.raises(ValueError, match="not full"):
+        cache.publish("a", 2, "block2")
+    cache.free("a")
+    assert cache.lookup("block0") == page and cache.num_free_pages == 2
+    filled(cache, "b", 8, 2.0)  # needs every page: evicts the cached one
+    assert cache.lookup("block0") is None
+
+
+def test_a_cut_into_a_published_page_unpublishes_it():
+    cache = make_cache()
+    filled(cache, "a", 8, 1.0)
+    cache.publish("a", 0, "block0")
+    cache.publish("a", 1, "block1")
+    cache.truncate("a", 6)  # page 1 will be written again
+    assert cache.lookup("block1") is None and cache.lookup("block0") is not None
+    cache.truncate("a", 4)  # a page boundary: page 0 stays whole, and published
+    assert cache.lookup("block0") == cache.page_table("a")[0]
+
+
+def test_a_cut_into_a_page_another_sequence_holds_gives_the_cutter_a_copy():
+    cache = make_cache()
+    filled(cache, "a", 8, 1.0)
+    cache.publish("a", 1, "block1")
+    shared = cache.page_table("a")[1]
+    cache.open("b")
+    cache.attach("b", cache.page_table("a"))
+    cache.truncate("b", 6)
+    copy = cache.page_table("b")[1]
+    assert copy != shared and cache.lookup("block1") == shared
+    for layer in cache.kv_layers:
+        assert torch.equal(layer[copy], layer[shared])
+    # b writes on into its copy; a's page, and what the cache serves, are untouched.
+    rows = cache.slot_rows(cache.reserve(["b"], [2]))
+    kv = torch.full((2, cache.num_kv_heads, cache.head_dim), 9.0)
+    cache.write(0, rows, kv, kv)
+    assert bool((cache.kv_layers[0][shared] == 1.0).all())
+    cache.free("a")
+    cache.free("b")
+    assert cache.num_free_pages == 8
+
+
+def test_a_copy_that_finds_no_free_page_changes_nothing():
+    cache = make_cache(num_pages=2)
+    filled(cache, "a", 8, 1.0)
+    cache.open("b")
+    cache.attach("b", cache.page_table("a"))
+    with pytest.raises(OutOfPagesError):
+        cache.truncate("b", 6)
+    assert cache.seq_len("b") == 8 and cache.page_table("b") == cache.page_table("a")

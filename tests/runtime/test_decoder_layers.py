@@ -41,7 +41,11 @@ def test_native_layers_equal_the_per_op_path(tmp_path, tiny_checkpoint, arch, ov
     # "int8": float32 with --quantization int8, the linears int8 with per-column scales.
     path = tiny_checkpoint(tmp_path / arch, arch, **overrides)
     weights = {"dtype": "float32", "quantization": "int8"} if dtype == "int8" else {"dtype": dtype}
-    runner = ModelRunner.from_pretrained(path, num_pages=32, attention_backend="cpu", **weights)
+    # Prefix caching off: each run computes every token (the second would otherwise take
+    # the first's blocks from the cache).
+    runner = ModelRunner.from_pretrained(
+        path, num_pages=32, attention_backend="cpu", enable_prefix_caching=False, **weights
+    )
     assert runner.kv_torch_dtype == torch.float32  # activations and an auto cache: float32
     packed = runner.model.model.layers[0].mlp.down_proj.packed_weight
     assert packed.dtype == getattr(torch, dtype), "the linears are stored in the dtype"
@@ -110,7 +114,9 @@ def test_steps_the_c_loop_cannot_take_go_layer_by_layer(qwen3_path):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_the_kernels_thread_pool_changes_no_bit(qwen3_path, dtype):
-    runner = ModelRunner.from_pretrained(qwen3_path, num_pages=32, dtype=dtype)
+    runner = ModelRunner.from_pretrained(
+        qwen3_path, num_pages=32, dtype=dtype, enable_prefix_caching=False
+    )  # each run computes every token
     try:
         assert dense_ops.set_num_threads(2) == 2
         two = steps(runner)

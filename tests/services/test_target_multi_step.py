@@ -23,8 +23,8 @@ def target_kv(request, start_server):
     native = runner.decode_greedy
     runner.c_calls = 0
 
-    def counted(*args):
-        picks = native(*args)
+    def counted(*args, **kwargs):
+        picks = native(*args, **kwargs)
         runner.c_calls += picks is not None
         return picks
 
@@ -141,3 +141,26 @@ def test_multi_step_takes_k0_decode_entries_only(target, kind):
     error = status_of(lambda: stub.Verify(request))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "num_steps" in error.details()
+
+
+def test_an_ended_burst_stops_before_its_next_forward_keeping_what_it_emitted(
+    target_kv, make_runner
+):
+    """EndBurst (a request arrived at the coordinator): here it comes before the burst
+    starts, as it may when the request races the Verify, so the burst stops after its
+    first forward; a burst of another step id runs whole."""
+    server, stub = target_kv
+    expected = greedy_decode(make_runner(kv_cache_dtype=server.runner.kv_cache_dtype), PROMPT, 12)
+    first = start(stub, "a", PROMPT)
+    assert stub.EndBurst(target_pb2.EndBurstRequest(step_id=5)).ended is False  # not running
+    request = target_pb2.VerifyRequest(
+        step_id=5, decode=[entry("a", len(PROMPT), first, [])], num_steps=8
+    )
+    (ended,) = stub.Verify(request).results
+    assert list(ended.token_ids) == expected[1:2]
+    assert server.runner.seq_len("a") == len(PROMPT) + 1
+    request = target_pb2.VerifyRequest(
+        step_id=6, decode=[entry("a", len(PROMPT) + 1, expected[1], [])], num_steps=8
+    )
+    (whole,) = stub.Verify(request).results
+    assert list(whole.token_ids) == expected[2:10]

@@ -68,6 +68,23 @@ def test_chunked_prefill_and_greedy_verify_equal_plain_greedy_decoding(target, m
     assert len(out) == 1 + (1 + 3 + 5 + 2 + 4)
 
 
+def test_a_resumed_request_recomputes_its_log_emitting_nothing_then_decodes_on(target, make_runner):
+    """A preempted request comes back as prefill chunks over its committed log but the last
+    token, the last of them ``resumes``: no token is emitted there (it was committed
+    before), and verify entries continue exactly where greedy decoding would."""
+    _, stub = target
+    expected = greedy_decode(make_runner(), PROMPT, 8)
+    log = PROMPT + expected[:4]  # committed before the preemption
+    first = chunk("r", 0, log[:10])
+    last = chunk("r", 10, log[10:-1], True)
+    last.resumes = True
+    results = verify(stub, [first]) + verify(stub, [last])
+    assert [list(r.token_ids) for r in results] == [[], []]
+    assert results[-1].num_cached_tokens == len(log) - 1
+    (result,) = verify(stub, [], [entry("r", len(log) - 1, log[-1], expected[4:7])])
+    assert list(result.token_ids) == expected[4:8] and result.num_accepted == 3
+
+
 def test_prefill_and_verify_run_in_one_step_for_different_requests(target, make_runner):
     server, stub = target
     first = prefill(stub, "old", PROMPT[:9])

@@ -50,7 +50,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: bool = ..., num_speculative_tokens: _Optional[int] = ...) -> None: ...
 
 class SpecDecodeStats(_message.Message):
-    __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position", "num_k0_steps", "num_ingest_plans", "num_steps", "step_seconds", "num_ahead_proposals", "num_ahead_used", "num_lookup_drafts")
+    __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position", "num_k0_steps", "num_ingest_plans", "num_steps", "step_seconds", "num_ahead_proposals", "num_ahead_used", "num_lookup_drafts", "num_preemptions", "num_cached_tokens")
     NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,8 @@ class SpecDecodeStats(_message.Message):
     NUM_AHEAD_PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     NUM_AHEAD_USED_FIELD_NUMBER: _ClassVar[int]
     NUM_LOOKUP_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     num_drafts: int
     num_draft_tokens: int
     num_accepted_tokens: int
@@ -73,7 +75,9 @@ class SpecDecodeStats(_message.Message):
     num_ahead_proposals: int
     num_ahead_used: int
     num_lookup_drafts: int
-    def __init__(self, num_drafts: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., num_k0_steps: _Optional[int] = ..., num_ingest_plans: _Optional[int] = ..., num_steps: _Optional[int] = ..., step_seconds: _Optional[float] = ..., num_ahead_proposals: _Optional[int] = ..., num_ahead_used: _Optional[int] = ..., num_lookup_drafts: _Optional[int] = ...) -> None: ...
+    num_preemptions: int
+    num_cached_tokens: int
+    def __init__(self, num_drafts: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., num_k0_steps: _Optional[int] = ..., num_ingest_plans: _Optional[int] = ..., num_steps: _Optional[int] = ..., step_seconds: _Optional[float] = ..., num_ahead_proposals: _Optional[int] = ..., num_ahead_used: _Optional[int] = ..., num_lookup_drafts: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "token_ids", "text", "finish_reason", "num_prompt_tokens", "stats")

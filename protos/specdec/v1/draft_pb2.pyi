@@ -91,14 +91,16 @@ class RequestError(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class DraftStepResponse(_message.Message):
-    __slots__ = ("proposals", "cached", "failed")
+    __slots__ = ("proposals", "cached", "failed", "num_free_pages")
     PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     CACHED_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
+    NUM_FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
     proposals: _containers.RepeatedCompositeFieldContainer[Proposal]
     cached: _containers.RepeatedCompositeFieldContainer[_common_pb2.CachedLength]
     failed: _containers.RepeatedCompositeFieldContainer[RequestError]
-    def __init__(self, proposals: _Optional[_Iterable[_Union[Proposal, _Mapping]]] = ..., cached: _Optional[_Iterable[_Union[_common_pb2.CachedLength, _Mapping]]] = ..., failed: _Optional[_Iterable[_Union[RequestError, _Mapping]]] = ...) -> None: ...
+    num_free_pages: int
+    def __init__(self, proposals: _Optional[_Iterable[_Union[Proposal, _Mapping]]] = ..., cached: _Optional[_Iterable[_Union[_common_pb2.CachedLength, _Mapping]]] = ..., failed: _Optional[_Iterable[_Union[RequestError, _Mapping]]] = ..., num_free_pages: _Optional[int] = ...) -> None: ...
 
 class DraftStepReply(_message.Message):
     __slots__ = ("response", "error")

@@ -7,19 +7,33 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class EndBurstRequest(_message.Message):
+    __slots__ = ("step_id",)
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    def __init__(self, step_id: _Optional[int] = ...) -> None: ...
+
+class EndBurstResponse(_message.Message):
+    __slots__ = ("ended",)
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    ended: bool
+    def __init__(self, ended: bool = ...) -> None: ...
+
 class PrefillChunk(_message.Message):
-    __slots__ = ("request_id", "start_position", "token_ids", "is_last", "sampling")
+    __slots__ = ("request_id", "start_position", "token_ids", "is_last", "sampling", "resumes")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     START_POSITION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     IS_LAST_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    RESUMES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     start_position: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     is_last: bool
     sampling: _common_pb2.SamplingParams
-    def __init__(self, request_id: _Optional[str] = ..., start_position: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., is_last: bool = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    resumes: bool
+    def __init__(self, request_id: _Optional[str] = ..., start_position: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., is_last: bool = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., resumes: bool = ...) -> None: ...
 
 class VerifyEntry(_message.Message):
     __slots__ = ("request_id", "start_position", "last_token_id", "proposal_ids", "draft_probs", "sampling", "max_new_tokens", "stop_token_ids")
@@ -63,26 +77,30 @@ class VerifyRequest(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., prefill: _Optional[_Iterable[_Union[PrefillChunk, _Mapping]]] = ..., decode: _Optional[_Iterable[_Union[VerifyEntry, _Mapping]]] = ..., num_steps: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
-    __slots__ = ("request_id", "token_ids", "num_accepted", "num_cached_tokens", "error_code", "error_message")
+    __slots__ = ("request_id", "token_ids", "num_accepted", "num_cached_tokens", "error_code", "error_message", "num_prefix_cached_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREFIX_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_accepted: int
     num_cached_tokens: int
     error_code: str
     error_message: str
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
+    num_prefix_cached_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., num_prefix_cached_tokens: _Optional[int] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "num_free_pages")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[VerifyResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ...) -> None: ...
+    num_free_pages: int
+    def __init__(self, results: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ..., num_free_pages: _Optional[int] = ...) -> None: ...
 
 class VerifyReply(_message.Message):
     __slots__ = ("response", "error")

@@ -58,6 +58,11 @@ class TargetServiceStub(object):
                 request_serializer=protos_dot_specdec_dot_v1_dot_common__pb2.InfoRequest.SerializeToString,
                 response_deserializer=protos_dot_specdec_dot_v1_dot_common__pb2.ModelInfo.FromString,
                 _registered_method=True)
+        self.EndBurst = channel.unary_unary(
+                '/specdec.v1.TargetService/EndBurst',
+                request_serializer=protos_dot_specdec_dot_v1_dot_target__pb2.EndBurstRequest.SerializeToString,
+                response_deserializer=protos_dot_specdec_dot_v1_dot_target__pb2.EndBurstResponse.FromString,
+                _registered_method=True)
 
 
 class TargetServiceServicer(object):
@@ -91,6 +96,15 @@ class TargetServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EndBurst(self, request, context):
+        """Ends a multi-step burst (VerifyRequest.num_steps > 1) of the caller's before its next
+        forward, so that a request that arrived meanwhile starts at once: each entry keeps the
+        tokens emitted so far. Answers at once; ended is false when that step is not running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TargetServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -113,6 +127,11 @@ def add_TargetServiceServicer_to_server(servicer, server):
                     servicer.GetInfo,
                     request_deserializer=protos_dot_specdec_dot_v1_dot_common__pb2.InfoRequest.FromString,
                     response_serializer=protos_dot_specdec_dot_v1_dot_common__pb2.ModelInfo.SerializeToString,
+            ),
+            'EndBurst': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndBurst,
+                    request_deserializer=protos_dot_specdec_dot_v1_dot_target__pb2.EndBurstRequest.FromString,
+                    response_serializer=protos_dot_specdec_dot_v1_dot_target__pb2.EndBurstResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -226,6 +245,33 @@ class TargetService(object):
             '/specdec.v1.TargetService/GetInfo',
             protos_dot_specdec_dot_v1_dot_common__pb2.InfoRequest.SerializeToString,
             protos_dot_specdec_dot_v1_dot_common__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndBurst(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.TargetService/EndBurst',
+            protos_dot_specdec_dot_v1_dot_target__pb2.EndBurstRequest.SerializeToString,
+            protos_dot_specdec_dot_v1_dot_target__pb2.EndBurstResponse.FromString,
             options,
             channel_credentials,
             insecure,
