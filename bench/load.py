@@ -162,7 +162,8 @@ def main() -> None:
         else:
             with Stack(config, echo=args.verbose) as stack:
                 if args.single_turn_ttft:
-                    mode, result = "single_turn_ttft", single_turn_ttft(stack, load.max_tokens)
+                    result = single_turn_ttft(stack, load.max_tokens, not args.lockstep)
+                    mode = "single_turn_ttft"
                 else:
                     mode, result = "multi_turn", run_multi_turn(stack, load)
         print(json.dumps(result) if args.json else "\n".join(readable_lines(mode, result)))

@@ -70,6 +70,12 @@ def add_chat_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"TTFT of one-turn chats at {' and '.join(map(str, SINGLE_TURN_LEVELS))} clients",
     )
+    parser.add_argument(
+        "--lockstep",
+        action="store_true",
+        help="--single-turn-ttft with every answer --max-tokens long, so the clients' "
+        "requests arrive together (the worst case) instead of answer lengths of 0.5-1.5x",
+    )
     for f in fields(ChatLoad):
         text = f"{f.metadata['help']} (default %(default)s)"
         parser.add_argument("--" + f.name.replace("_", "-"), type=int, default=f.default, help=text)
@@ -265,33 +271,52 @@ def compare_caching(config: StackConfig, load: ChatLoad, echo: bool) -> dict:
 
 
 def one_turn_at_a_time(
-    stack: Stack, prompts: list[Prompt], clients: int, params: GenerateParams
+    stack: Stack, requests: list[tuple[Prompt, GenerateParams]], clients: int
 ) -> Recorder:
-    """`prompts` dealt to `clients` clients, each sending its next when its last finished."""
+    """`requests` dealt to `clients` clients, each sending its next when its last finished."""
     recorder = Recorder()
 
     def client_loop(i: int, barrier: threading.Barrier) -> None:
         with CoordinatorClient(stack.address) as client:
             barrier.wait()
-            for prompt in prompts[i::clients]:
+            for prompt, params in requests[i::clients]:
                 recorder.one_request(client, prompt, params)
 
     run_together(client_loop, clients)
     return recorder
 
 
-def single_turn_ttft(stack: Stack, max_tokens: int) -> dict:
+def answer_lengths(max_tokens: int, n: int, varied: bool) -> list[int]:
+    """Each request's answer length: ``max_tokens``, or with ``varied`` spread evenly over
+    0.5-1.5x it (in a fixed shuffled order), as benchmark clients draw output lengths, so
+    that concurrent clients do not finish, and send their next request, in lockstep."""
+    if not varied:
+        return [max_tokens] * n
+    return [max(1, round(max_tokens * (0.5 + (i * 37 % n) / n))) for i in range(n)]
+
+
+def single_turn_ttft(stack: Stack, max_tokens: int, varied: bool = True) -> dict:
     """TTFT of one-turn chats at each level of concurrent clients; each level gets prompts
-    of its own (all categories), so none finds another level's prompt in the prefix cache."""
+    of its own (all categories), so none finds another level's prompt in the prefix cache.
+    ``varied``: answer lengths vary (``answer_lengths``); else every answer is
+    ``max_tokens`` long and the clients' requests arrive together (the worst case: their
+    prompts are prefilled in one step)."""
     chat = has_chat_template(stack.config)
     pool = [as_prompt(c, chat) for c in chat_prompts(str(GENERAL_CHAT))]
-    params = GenerateParams(max_tokens=max_tokens, ignore_eos=True)
+    lengths = answer_lengths(max_tokens, SINGLE_TURN_REQUESTS, varied)
     warm_up(stack, chat)
-    report: dict = {"requests_per_level": SINGLE_TURN_REQUESTS, "max_tokens": max_tokens}
+    report: dict = {
+        "requests_per_level": SINGLE_TURN_REQUESTS,
+        "max_tokens": max_tokens,
+        "answer_lengths": "varied 0.5-1.5x" if varied else "all max_tokens (lockstep)",
+    }
     for level, clients in enumerate(SINGLE_TURN_LEVELS):
         first = level * SINGLE_TURN_REQUESTS
-        prompts = [pool[(first + i) % len(pool)] for i in range(SINGLE_TURN_REQUESTS)]
-        recorder = one_turn_at_a_time(stack, prompts, clients, params)
+        requests = [
+            (pool[(first + i) % len(pool)], GenerateParams(max_tokens=n, ignore_eos=True))
+            for i, n in enumerate(lengths)
+        ]
+        recorder = one_turn_at_a_time(stack, requests, clients)
         report[f"ttft_ms_p50_{clients}_clients"] = percentile_ms(recorder.ttft, 50)
         report[f"errors_by_code_{clients}_clients"] = dict(recorder.errors)
     low = report[f"ttft_ms_p50_{SINGLE_TURN_LEVELS[0]}_clients"]
