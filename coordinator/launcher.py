@@ -56,9 +56,11 @@ DEFAULT_DRAFT_P_MIN = 0.0
 SPECULATORS_CONFIG = "speculators_config"
 
 
-# The default KV pools hold max_num_seqs sequences of this many tokens (a chat with its
-# history), in pages of BLOCK_SIZE tokens (the services' default --block-size).
+# The default KV pools hold max_num_seqs sequences (at least MIN_DEFAULT_SEQUENCES, so
+# one request of a long context fits too) of this many tokens (a chat with its history),
+# in pages of BLOCK_SIZE tokens (the services' default --block-size).
 TYPICAL_SEQUENCE_TOKENS = 2048
+MIN_DEFAULT_SEQUENCES = 16
 BLOCK_SIZE = 16
 
 
@@ -85,8 +87,8 @@ class StackConfig:
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 16
     # Each service's KV pool in bytes ("512MiB", "2GiB", ...; vLLM's --kv-cache-memory);
-    # "" = room for max_num_seqs sequences of TYPICAL_SEQUENCE_TOKENS (the draft's for every
-    # replica's). Each service logs its capacity in tokens at start.
+    # "" = room for max_num_seqs (at least 16) sequences of TYPICAL_SEQUENCE_TOKENS (the
+    # draft's for every replica's). Each service logs its capacity in tokens at start.
     kv_cache_memory: str = ""
     draft_kv_cache_memory: str = ""
     # Automatic prefix caching on both services (vLLM V1's default): full blocks of a prompt
@@ -313,11 +315,12 @@ class Stack:
         c = self.config
         if service == "target":
             threads, dtype, quantization = c.target_num_threads, c.dtype, "none"
-            memory, sequences = c.kv_cache_memory, c.max_num_seqs
+            memory, sequences = c.kv_cache_memory, max(c.max_num_seqs, MIN_DEFAULT_SEQUENCES)
         else:
             threads, dtype = c.draft_num_threads, draft_dtype(model, c.draft_dtype, c.dtype)
             quantization = c.draft_quantization
-            memory, sequences = c.draft_kv_cache_memory, c.max_num_seqs * c.replicas
+            memory = c.draft_kv_cache_memory
+            sequences = max(c.max_num_seqs, MIN_DEFAULT_SEQUENCES) * c.replicas
         argv = [
             sys.executable, "-m", f"{service}_service", "--model", model, "--host", c.host,
             "--port", str(port), "--kv-cache-dtype", c.kv_cache_dtype, "--dtype", dtype,

@@ -67,3 +67,17 @@ def test_only_the_draft_service_is_quantized(quantization):
 
 def test_the_default_draft_is_int8():
     assert StackConfig().draft_quantization == "int8"
+
+
+def test_the_kv_pools_hold_max_num_seqs_sequences_the_draft_every_replicas_or_the_bytes_given():
+    config = StackConfig(max_num_seqs=32, replicas=2, enable_prefix_caching=False)
+    target = service_argv(config, "target", str(REAL_TARGET))
+    draft = service_argv(config, "draft", str(REAL_DRAFT))
+    assert flag(target, "--num-gpu-blocks-override") == str(32 * 2048 // 16)
+    assert flag(draft, "--num-gpu-blocks-override") == str(2 * 32 * 2048 // 16)
+    assert "--no-enable-prefix-caching" in target and "--no-enable-prefix-caching" in draft
+    few = service_argv(StackConfig(max_num_seqs=2), "target", str(REAL_TARGET))
+    assert flag(few, "--num-gpu-blocks-override") == str(16 * 2048 // 16)  # one long request
+    sized = StackConfig(kv_cache_memory="2GiB", draft_kv_cache_memory="256MiB")
+    assert flag(service_argv(sized, "target", str(REAL_TARGET)), "--kv-cache-memory") == "2GiB"
+    assert flag(service_argv(sized, "draft", str(REAL_DRAFT)), "--kv-cache-memory") == "256MiB"
