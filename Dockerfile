@@ -1,6 +1,6 @@
 # specdec images, two targets from one file:
-#   model        torch + the whole project + the bundled checkpoints; runs target_service and
-#                draft_service (and everything else: `specdec up`, bench, tests' code paths).
+#   model        torch + the whole project + the bundled checkpoints; runs specdec.target_service and
+#                specdec.draft_service (and everything else: `specdec up`, bench, tests' code paths).
 #   coordinator  no torch, no transformers: the coordinator never imports them (DESIGN.md),
 #                so its image is a fraction of the size and starts fast.
 #
@@ -44,20 +44,27 @@ FROM base AS coordinator
 COPY pyproject.toml ./
 # Model-side dependencies are left out; everything else (grpcio*, protobuf, tokenizers,
 # opentelemetry-*, prometheus-client) comes with pyproject.toml's version bounds.
-RUN python /usr/local/bin/project_deps.py torch transformers safetensors > requirements.txt \
+RUN python /usr/local/bin/project_deps.py torch safetensors gguf numpy > requirements.txt \
     && pip install -r requirements.txt
-# Only the packages the coordinator imports; --no-deps keeps torch out.
+# The whole package (its sources are small); --no-deps keeps torch out, and the coordinator
+# never imports the model-side parts.
 COPY protos protos
+COPY kernels kernels
+COPY runtime runtime
+COPY model_service model_service
+COPY draft_service draft_service
+COPY target_service target_service
 COPY telemetry telemetry
 COPY auth auth
 COPY coordinator coordinator
+COPY specdec specdec
 RUN pip install --no-deps . && rm -rf build *.egg-info
 # The tokenizer only (for text prompts and detokenising), not the 50 MB of weights.
 WORKDIR /app
 COPY models/target/tokenizer.json models/target/tokenizer_config.json models/target/
 USER specdec
 EXPOSE 50050 9090
-CMD ["python", "-m", "coordinator", "--host", "0.0.0.0", "--port", "50050", \
+CMD ["python", "-m", "specdec.coordinator", "--host", "0.0.0.0", "--port", "50050", \
      "--target", "target:50052", "--draft", "draft:50051", "--tokenizer", "models/target", \
      "--metrics-port", "9090"]
 
@@ -92,11 +99,13 @@ RUN python /usr/local/bin/project_deps.py > requirements.txt \
 COPY protos protos
 COPY kernels kernels
 COPY runtime runtime
+COPY model_service model_service
 COPY draft_service draft_service
 COPY target_service target_service
 COPY telemetry telemetry
 COPY auth auth
 COPY coordinator coordinator
+COPY specdec specdec
 RUN pip install --no-deps . \
     && if [ -n "$EXTRAS" ]; then pip install ".[$EXTRAS]"; fi \
     && rm -rf build *.egg-info
@@ -108,7 +117,7 @@ COPY models/target models/target
 COPY models/draft models/draft
 USER specdec
 # Build the CPU attention kernel into the user's cache now, not at the first request.
-RUN python -c "from kernels.native import load_library; load_library()"
+RUN python -c "from specdec.kernels.native import load_library; load_library()"
 EXPOSE 50051 50052
-CMD ["python", "-m", "target_service", "--model", "models/target", \
+CMD ["python", "-m", "specdec.target_service", "--model", "models/target", \
      "--host", "0.0.0.0", "--port", "50052"]

@@ -15,7 +15,7 @@ Tokens are compared in constant time.
 
 from __future__ import annotations
 
-from auth.bearer import (
+from specdec.auth.bearer import (
     API_KEY_ENV,
     INTERNAL_TOKEN_ENV,
     OWNER_KEY,

@@ -30,18 +30,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from coordinator.launcher import TINY_TARGET  # noqa: E402
-from kernels import dense_ops  # noqa: E402
-from runtime import ModelRunner, SequenceChunk  # noqa: E402
+from specdec.config import TINY_TARGET
+from specdec.kernels import dense_ops
+from specdec.runtime import ModelRunner, SequenceChunk
 
 TARGET_ONLY_STEPS = 8  # forwards a target-only Verify runs (specdec's --num-scheduler-steps)
 

@@ -9,24 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer
 
 # This folder's runtime.py would shadow the package: put the project first on the path.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from coordinator.client import Prompt  # noqa: E402
-from coordinator.launcher import (  # noqa: E402
-    TINY_DRAFT,
-    TINY_TARGET,
-    held_out_prompts,
-    model_folder,
-)
-from runtime.loader import load_hf_model  # noqa: E402
+from specdec.client import Prompt
+from specdec.config import TINY_DRAFT, TINY_TARGET, model_folder
+from specdec.launcher import held_out_prompts
+from specdec.runtime.loader import load_hf_model
 
 
 @torch.no_grad()

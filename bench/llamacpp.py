@@ -47,23 +47,21 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the packages, before this folder's runtime.py
-
-from coordinator.bench import measure  # noqa: E402
-from coordinator.config import SpeculativeConfig  # noqa: E402
-from coordinator.launcher import (  # noqa: E402
+from specdec.bench import measure
+from specdec.config import (
     GENERAL_CHAT,
     REAL_DRAFT,
     REAL_TARGET,
     TINY_DRAFT,
     TINY_TARGET,
-    Stack,
     StackConfig,
-    held_out_prompts,
     model_folder,
 )
-from kernels.native import cache_root  # noqa: E402
+from specdec.coordinator.engine.config import SpeculativeConfig
+from specdec.kernels.native import cache_root
+from specdec.launcher import Stack, held_out_prompts
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SDIST = "llama-cpp-python==0.3.36"
 TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple", "llama-tokenize")
@@ -168,7 +166,7 @@ def convert(source: Path, model: Path, outtype: str, out_dir: Path) -> Path:
 def general_chat_prompts() -> list[str]:
     """The first hand-written chat prompt of each category, as text through the real
     target's chat template."""
-    from runtime.loader import load_tokenizer
+    from specdec.runtime.loader import load_tokenizer
 
     tokenizer = load_tokenizer(model_folder(str(REAL_TARGET)))
     prompts = {}
@@ -194,8 +192,8 @@ def check_agreement(
     float32 math by more than summation order)."""
     import torch
 
-    from runtime import ModelRunner, SequenceChunk
-    from runtime.loader import load_tokenizer
+    from specdec.runtime import ModelRunner, SequenceChunk
+    from specdec.runtime.loader import load_tokenizer
 
     tokenizer = load_tokenizer(model_folder(str(target)))
     runner = ModelRunner.from_pretrained(target, num_pages=128)
@@ -275,7 +273,7 @@ def runtime_decode_rate(target: Path, dtype: str, new_tokens: int) -> float:
     spec_bench = importlib.util.spec_from_file_location("bench_runtime", ROOT / "bench/runtime.py")
     bench_runtime = importlib.util.module_from_spec(spec_bench)
     spec_bench.loader.exec_module(bench_runtime)
-    from runtime import ModelRunner
+    from specdec.runtime import ModelRunner
 
     runner = ModelRunner.from_pretrained(target, num_pages=64, dtype=dtype)
     bench_runtime.run_ours(runner, 1, 4)
@@ -381,7 +379,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def real_pair(bin_dir: Path, args: argparse.Namespace) -> None:
     """The default pair on the real target's Q4_1 GGUF, general chat prompts."""
-    from runtime.gguf_file import gguf_path
+    from specdec.runtime.gguf_file import gguf_path
 
     gguf = gguf_path(REAL_TARGET)
     prompts = general_chat_prompts()

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import threading
 import time
 from collections import Counter
@@ -42,11 +41,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import grpc
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # noqa: E402 (this file sits beside, not inside, the package)
-
-from load_chat import (  # noqa: E402
+from load_chat import (
     ChatLoad,
     Recorder,
     add_chat_args,
@@ -58,9 +53,10 @@ from load_chat import (  # noqa: E402
     single_turn_ttft,
 )
 
-from coordinator.cli import add_stack_args, stack_config  # noqa: E402
-from coordinator.client import CoordinatorClient, GenerateParams  # noqa: E402
-from coordinator.launcher import TINY_DRAFT, TINY_TARGET, Stack, held_out_prompts  # noqa: E402
+from specdec.cli import add_stack_args, stack_config
+from specdec.client import CoordinatorClient, GenerateParams
+from specdec.config import TINY_DRAFT, TINY_TARGET
+from specdec.launcher import Stack, held_out_prompts
 
 
 def service_state(stack: Stack) -> dict:

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field, fields, replace
 import grpc
 import numpy as np
 
-from coordinator.bench import chat_prompts
-from coordinator.chat import ChatTemplate
-from coordinator.client import Completion, CoordinatorClient, GenerateParams, Prompt, run_together
-from coordinator.launcher import GENERAL_CHAT, Stack, StackConfig, model_folder
-from protos.specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
+from specdec.bench import chat_prompts
+from specdec.client import Completion, CoordinatorClient, GenerateParams, Prompt, run_together
+from specdec.config import GENERAL_CHAT, StackConfig, model_folder
+from specdec.coordinator.api.chat import ChatTemplate
+from specdec.launcher import Stack
+from specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 
 # The same for every user, so its KV is what a prefix cache shares between them.
 SYSTEM_PROMPT = (

@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the packages, before this folder's runtime.py
-
-from coordinator.launcher import REAL_TARGET, ServiceProcess, Stack, StackConfig  # noqa: E402
+from specdec.config import REAL_TARGET, StackConfig
+from specdec.launcher import ServiceProcess, Stack
 
 FLOAT32_TARGET = REAL_TARGET.with_name("smollm2-135m-instruct")
 MIB = 1 << 20
@@ -43,8 +40,8 @@ def step_bytes(model: Path) -> int:
     """Weight bytes one batch-1 decode step reads, as the kernels hold the weights."""
     import torch
 
-    from runtime import ModelRunner
-    from runtime.model import GGUFEmbedding, Linear
+    from specdec.runtime import ModelRunner
+    from specdec.runtime.model import GGUFEmbedding, Linear
 
     runner = ModelRunner.from_pretrained(model, num_pages=4)
     total = 0

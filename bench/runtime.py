@@ -21,25 +21,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from hf_generate import timed_greedy
+
+from specdec.config import REAL_TARGET, TINY_TARGET, has_model_files
+from specdec.kernels import dense_ops
+from specdec.kernels.attention import ATTENTION_BACKENDS
+from specdec.runtime import ModelRunner, SequenceChunk
+from specdec.runtime.gguf_file import gguf_path, is_gguf
+from specdec.runtime.loader import load_hf_model
 
 ROOT = Path(__file__).resolve().parents[1]
-# This file is named like the package it measures: put the package first on the path.
-sys.path.insert(0, str(ROOT))
-
-from hf_generate import timed_greedy  # noqa: E402 (beside this file)
-
-from coordinator.launcher import REAL_TARGET, TINY_TARGET, has_model_files  # noqa: E402
-from kernels import dense_ops  # noqa: E402
-from kernels.attention import ATTENTION_BACKENDS  # noqa: E402
-from runtime import ModelRunner, SequenceChunk  # noqa: E402
-from runtime.gguf_file import gguf_path, is_gguf  # noqa: E402
-from runtime.loader import load_hf_model  # noqa: E402
 
 PROMPT_LEN = 16
 BENCH_QWEN3 = dict(

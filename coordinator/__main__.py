@@ -1,5 +1,5 @@
 """`python -m coordinator --port N --target HOST:PORT --draft HOST:PORT ...`"""
 
-from coordinator.server import main
+from specdec.coordinator.api.server import main
 
 main()

@@ -1,3 +1,3 @@
-from draft_service.server import main
+from specdec.draft_service.server import main
 
 main()

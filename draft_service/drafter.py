@@ -10,15 +10,15 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from draft_service.prompt_lookup import TokenHistory, check_ngram
-from kernels.paged_kv_cache import OutOfPagesError
-from kernels.random_stream import DRAFT_DOMAIN, PROPOSE_DRAW, RandomStream
-from kernels.sampling import SparseProbs
-from runtime.kv_scales import KVScaleTable
-from runtime.model_runner import ModelRunner
-from runtime.sampling import Sampling
-from runtime.sequence import SequenceChunk
-from runtime.serving import InvalidRequestError, OutOfSyncError, UnknownRequestError
+from specdec.draft_service.prompt_lookup import TokenHistory, check_ngram
+from specdec.kernels.paged_kv_cache import OutOfPagesError
+from specdec.kernels.random_stream import DRAFT_DOMAIN, PROPOSE_DRAW, RandomStream
+from specdec.kernels.sampling import SparseProbs
+from specdec.runtime.errors import InvalidRequestError, OutOfSyncError, UnknownRequestError
+from specdec.runtime.kv_scales import KVScaleTable
+from specdec.runtime.model_runner import ModelRunner
+from specdec.runtime.sampling import Sampling
+from specdec.runtime.sequence import SequenceChunk
 
 RESYNC_HINT = "re-sync from the log (release, then ingest from 0)"
 

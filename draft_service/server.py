@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from draft_service.drafter import Drafter
-from draft_service.servicer import DraftServicer
-from protos.specdec.v1 import draft_pb2
-from protos.specdec.v1.draft_pb2_grpc import add_DraftServiceServicer_to_server
-from runtime.serving import ModelService
+from specdec.draft_service.drafter import Drafter
+from specdec.draft_service.servicer import DraftServicer
+from specdec.model_service.service import ModelService
+from specdec.v1 import draft_pb2
+from specdec.v1.draft_pb2_grpc import add_DraftServiceServicer_to_server
 
 SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
 SERVICE = ModelService(

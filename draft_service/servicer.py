@@ -6,19 +6,21 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from draft_service.drafter import Drafter, DraftStep, DraftStepResult, IngestPlan, ProposeEntry
-from protos.specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
-from runtime.batcher import Batcher
-from runtime.sampling import Sampling
-from runtime.serving import (
-    InvalidRequestError,
-    ModelServicer,
-    kv_table_from_proto,
-    model_info,
-    refusal,
-    status_code_for,
+from specdec.draft_service.drafter import (
+    Drafter,
+    DraftStep,
+    DraftStepResult,
+    IngestPlan,
+    ProposeEntry,
 )
-from telemetry.tracing import rpc_span
+from specdec.model_service.batcher import Batcher
+from specdec.model_service.proto import kv_table_from_proto, model_info
+from specdec.model_service.servicer import ModelServicer
+from specdec.model_service.status import refusal, status_code_for
+from specdec.runtime.errors import InvalidRequestError
+from specdec.runtime.sampling import Sampling
+from specdec.telemetry.tracing import rpc_span
+from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 
 def step_from_proto(msg: draft_pb2.DraftStepRequest, failed: dict[str, Exception]) -> DraftStep:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.gguf_ops import GGUFWeight
-from kernels.native import load_library
+from specdec.kernels.gguf_ops import GGUFWeight
+from specdec.kernels.native import load_library
 
 _P, _I32, _I64, _F32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 LAYER_TENSORS = (

@@ -20,7 +20,7 @@ import functools
 
 import torch
 
-from kernels.native import NativeBuildError, load_library
+from specdec.kernels.native import NativeBuildError, load_library
 
 MAX_HEAD_DIM = 512  # the RoPE kernel's scratch row
 LINEAR_COLS = 32  # columns per packed weight block (LINEAR_COLS in csrc/dense_ops.c)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+from specdec.kernels.names import KV_CACHE_DTYPES
 
 _FP8_DTYPES = {
     "fp8": torch.float8_e4m3fn,

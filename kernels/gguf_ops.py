@@ -18,8 +18,8 @@ from enum import IntEnum
 
 import torch
 
-from kernels.dense_ops import check_float32_rows
-from kernels.native import load_library
+from specdec.kernels.dense_ops import check_float32_rows
+from specdec.kernels.native import load_library
 
 
 class GGMLType(IntEnum):

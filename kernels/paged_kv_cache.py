@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.fp8 import is_fp8, quantize_fp8
-from kernels.native import NativeBuildError, load_library
-from kernels.page_allocator import OutOfPagesError, PageAllocator
+from specdec.kernels.fp8 import is_fp8, quantize_fp8
+from specdec.kernels.native import NativeBuildError, load_library
+from specdec.kernels.page_allocator import OutOfPagesError, PageAllocator
 
 __all__ = ["OutOfPagesError", "PageAllocator", "PagedKVCache", "SlotRows"]
 

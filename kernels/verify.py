@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.random_stream import ACCEPT_DRAW, SAMPLE_DRAW, RandomStream
-from kernels.sampling import sample_token
+from specdec.kernels.random_stream import ACCEPT_DRAW, SAMPLE_DRAW, RandomStream
+from specdec.kernels.sampling import sample_token
 
 
 def verify_greedy(target_logits: torch.Tensor, proposals: list[int]) -> tuple[list[int], int]:

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from kernels.fp8 import fp8_max, is_fp8
-from runtime.context import ForwardContext
-from runtime.kv_scales import KVScaleTable
+from specdec.kernels.fp8 import fp8_max, is_fp8
+from specdec.runtime.context import ForwardContext
+from specdec.runtime.kv_scales import KVScaleTable
 
 if TYPE_CHECKING:
-    from runtime.model_runner import ModelRunner
+    from specdec.runtime.model_runner import ModelRunner
 
 
 class CalibrationContext(ForwardContext):

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from runtime.model_config import ModelConfig
+from specdec.kernels.names import KV_CACHE_DTYPES
+from specdec.runtime.model_config import ModelConfig
 
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 # Weight quantization at load (vLLM's --quantization): "int8" holds every linear (the
@@ -53,8 +54,6 @@ class RuntimeConfig:
             raise ValueError(
                 f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
             )
-        from kernels.fp8 import KV_CACHE_DTYPES
-
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(
                 f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; expected one of "
@@ -83,7 +82,7 @@ class RuntimeConfig:
         takes them (``auto`` or ``cpu``), and a compiler to build them."""
         if self.device != "cpu" or self.attention_backend not in ("auto", "cpu"):
             return False
-        from kernels import dense_ops
+        from specdec.kernels import dense_ops
 
         return dense_ops.library_loads()
 
@@ -96,7 +95,7 @@ class RuntimeConfig:
 
     @cached_property
     def kv_torch_dtype(self):  # -> torch.dtype
-        from kernels.fp8 import resolve_kv_cache_dtype
+        from specdec.kernels.fp8 import resolve_kv_cache_dtype
 
         return resolve_kv_cache_dtype(self.kv_cache_dtype, self.compute_dtype)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.decoder_layers import NativeStep
+from specdec.kernels.decoder_layers import NativeStep
 
 
 class ForwardContext(ABC):

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kernels.gguf_ops import GGMLType, GGUFPart, GGUFWeight, UnsupportedGGMLType, row_bytes
+from specdec.kernels.gguf_ops import GGMLType, GGUFPart, GGUFWeight, UnsupportedGGMLType, row_bytes
 
 # GGUF architecture -> the Hugging Face architecture the runtime builds.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}

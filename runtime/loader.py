@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from runtime.gguf_file import KV_SCALES_FILE, GGUFCheckpoint, is_gguf
-from runtime.kv_scales import KVScaleTable
-from runtime.model import CausalLM, GGUFEmbedding, Linear
-from runtime.model_config import ModelConfig
+from specdec.runtime.gguf_file import KV_SCALES_FILE, GGUFCheckpoint, is_gguf
+from specdec.runtime.kv_scales import KVScaleTable
+from specdec.runtime.model import CausalLM, GGUFEmbedding, Linear
+from specdec.runtime.model_config import ModelConfig
 
 # checkpoint module name -> (packed module name, shard id)
 PACKED_MODULES_MAPPING: dict[str, tuple[str, str]] = {

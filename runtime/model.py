@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import dense_ops, gguf_ops
-from kernels.decoder_layers import DecoderLayers, GreedyHead, Shape
-from kernels.huge_pages import into_huge_pages
-from runtime.context import ForwardContext
-from runtime.model_config import ModelConfig
-from runtime.rotary import RotaryEmbedding, RotaryStep, apply_rotary
+from specdec.kernels import dense_ops, gguf_ops
+from specdec.kernels.decoder_layers import DecoderLayers, GreedyHead, Shape
+from specdec.kernels.huge_pages import into_huge_pages
+from specdec.runtime.context import ForwardContext
+from specdec.runtime.model_config import ModelConfig
+from specdec.runtime.rotary import RotaryEmbedding, RotaryStep, apply_rotary
 
 
 class RMSNorm(nn.Module):
@@ -148,7 +148,7 @@ def dequantize_gguf(weight: gguf_ops.GGUFWeight) -> torch.Tensor:
     """float32 ``[out, in]``: by the C kernels where they build, else ``gguf.quants``."""
     if dense_ops.library_loads():
         return weight.dequantize()
-    from runtime.gguf_file import reference_dequantize
+    from specdec.runtime.gguf_file import reference_dequantize
 
     return reference_dequantize(weight)
 

@@ -120,7 +120,7 @@ class ModelConfig:
     def from_pretrained(cls, path: str | Path) -> ModelConfig:
         """Read ``config.json`` (and ``generation_config.json``'s EOS ids) from a local folder,
         or the metadata of a GGUF file (or of the one in a folder)."""
-        from runtime.gguf_file import GGUFCheckpoint, is_gguf
+        from specdec.runtime.gguf_file import GGUFCheckpoint, is_gguf
 
         if is_gguf(path):
             return cls.from_dict(GGUFCheckpoint(path).hf_config)

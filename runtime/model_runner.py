@@ -13,17 +13,17 @@ from typing import Any
 
 import torch
 
-from kernels.attention import build_attention_metadata, create_attention_backend
-from kernels.attention.cpu_backend import CpuAttentionBackend
-from kernels.decoder_layers import NativeStep
-from kernels.fp8 import is_fp8
-from kernels.paged_kv_cache import PagedKVCache
-from runtime.config import RuntimeConfig
-from runtime.context import PagedContext
-from runtime.kv_scales import KVScalesMismatchError, KVScaleTable
-from runtime.loader import load_model
-from runtime.prefix_cache import PrefixCache, root_key
-from runtime.sequence import SequenceChunk
+from specdec.kernels.attention import build_attention_metadata, create_attention_backend
+from specdec.kernels.attention.cpu_backend import CpuAttentionBackend
+from specdec.kernels.decoder_layers import NativeStep
+from specdec.kernels.fp8 import is_fp8
+from specdec.kernels.paged_kv_cache import PagedKVCache
+from specdec.runtime.config import RuntimeConfig
+from specdec.runtime.context import PagedContext
+from specdec.runtime.kv_scales import KVScalesMismatchError, KVScaleTable
+from specdec.runtime.loader import load_model
+from specdec.runtime.prefix_cache import PrefixCache, root_key
+from specdec.runtime.sequence import SequenceChunk
 
 
 class ModelRunner:
@@ -143,7 +143,7 @@ class ModelRunner:
             raise ValueError(
                 f"KV-scale table has {table.num_layers} layers, the model has {self.num_layers}"
             )
-        from kernels.fp8 import resolve_kv_cache_dtype
+        from specdec.kernels.fp8 import resolve_kv_cache_dtype
 
         if resolve_kv_cache_dtype(table.dtype, self.config.compute_dtype) != self.kv_torch_dtype:
             raise ValueError(

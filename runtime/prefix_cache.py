@@ -13,9 +13,9 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kernels.paged_kv_cache import PagedKVCache
-from runtime.kv_scales import KVScaleTable
-from runtime.sequence import SequenceChunk
+from specdec.kernels.paged_kv_cache import PagedKVCache
+from specdec.runtime.kv_scales import KVScaleTable
+from specdec.runtime.sequence import SequenceChunk
 
 KEY_BYTES = 16
 

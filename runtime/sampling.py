@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.random_stream import RandomStream
-from kernels.sampling import logits_to_probs
-from protos.specdec.v1 import common_pb2
-from runtime.serving import InvalidRequestError
+from specdec.kernels.random_stream import RandomStream
+from specdec.kernels.sampling import logits_to_probs
+from specdec.runtime.errors import InvalidRequestError
+from specdec.v1 import common_pb2
 
 MIN_SAMPLING_TEMPERATURE = 1e-5  # the coordinator's (coordinator/request.py), which has no torch
 

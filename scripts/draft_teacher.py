@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from runtime import ModelRunner, SequenceChunk
-from runtime.loader import iterate_checkpoint
-from runtime.model_config import ModelConfig
+from specdec.runtime import ModelRunner, SequenceChunk
+from specdec.runtime.loader import iterate_checkpoint
+from specdec.runtime.model_config import ModelConfig
 
 
 @dataclass
@@ -201,19 +201,13 @@ def generate(
 
 
 @torch.inference_mode()
-def cached_answers(path: Path, prompts: list[list[int]]) -> list[TeacherSequence]:
-    """The answers cached in ``path`` (none if it does not exist), checked to answer the
-    first of ``prompts`` in order, so that a resumed run only adds to them."""
+def cached_answers(path: Path) -> dict[tuple[int, ...], TeacherSequence]:
+    """The answers cached in ``path`` (none if it does not exist), keyed by their prompt, so
+    a later run reuses every answer whose prompt it still asks, whatever the order."""
     if not path.is_file():
-        return []
+        return {}
     data: list[TeacherSequence] = torch.load(path, weights_only=False)
-    for i, seq in enumerate(data):
-        if i >= len(prompts) or seq.token_ids[: seq.prompt_len] != prompts[i]:
-            raise SystemExit(
-                f"{path}: cached answer {i} is not the answer to this run's prompt {i} (the "
-                "prompts changed since it was made); delete it to generate afresh"
-            )
-    return data
+    return {tuple(seq.token_ids[: seq.prompt_len]): seq for seq in data}
 
 
 def agreement_with_runtime(teacher: Teacher, runner: ModelRunner, data) -> float:

@@ -32,18 +32,13 @@ import torch
 from eval_models import acceptance
 from fetch_models import DRAFT_DIR, MODEL_DIR
 
-from coordinator.bench import acceptance_summary
-from coordinator.client import CoordinatorClient, GenerateParams
-from coordinator.config import SpeculativeConfig
-from coordinator.launcher import (
-    DEFAULT_SPECULATIVE_CONFIG,
-    GENERAL_CHAT,
-    Stack,
-    StackConfig,
-    draft_dtype,
-)
-from runtime import ModelRunner, SequenceChunk
-from runtime.loader import load_tokenizer
+from specdec.bench import acceptance_summary
+from specdec.client import CoordinatorClient, GenerateParams
+from specdec.config import GENERAL_CHAT, StackConfig, draft_dtype
+from specdec.coordinator.engine.config import DEFAULT_SPECULATIVE_CONFIG, SpeculativeConfig
+from specdec.launcher import Stack
+from specdec.runtime import ModelRunner, SequenceChunk
+from specdec.runtime.loader import load_tokenizer
 
 
 def greedy(runner: ModelRunner, context: list[int], num_new: int, stop: bool) -> list[int]:

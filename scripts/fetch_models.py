@@ -253,7 +253,7 @@ def calibration_token_ids(folder: Path) -> list[list[int]]:
 
 def calibrate_kv_scales(folder: Path):
     """Per-layer FP8 (e4m3) KV scales (a ``KVScaleTable``) for the checkpoint in ``folder``."""
-    from runtime import ModelRunner, calibrate
+    from specdec.runtime import ModelRunner, calibrate
 
     batches = calibration_token_ids(folder)
     runner = ModelRunner.from_pretrained(folder, kv_cache_dtype="fp8", num_pages=4)
@@ -270,8 +270,8 @@ def convert(gguf_path: Path, folder: Path) -> None:
     """Write the whole HF folder for ``gguf_path`` into ``folder`` (which must not exist)."""
     from safetensors.torch import save_file
 
-    from runtime.gguf_file import GGUFCheckpoint
-    from runtime.loader import kv_scale_tensors
+    from specdec.runtime.gguf_file import GGUFCheckpoint
+    from specdec.runtime.loader import kv_scale_tensors
 
     folder.mkdir(parents=True)
     log(f"reading {gguf_path.name}")
@@ -303,8 +303,8 @@ def checkpoint_config(checkpoint) -> dict[str, Any]:
 
 def serving_folder(gguf_path: Path, float_folder: Path, folder: Path) -> None:
     """Write the GGUF serving folder into ``folder`` (which must not exist)."""
-    from runtime.kv_scales import KVScaleTable
-    from runtime.loader import KV_SCALE_PATTERN, iterate_checkpoint
+    from specdec.runtime.kv_scales import KVScaleTable
+    from specdec.runtime.loader import KV_SCALE_PATTERN, iterate_checkpoint
 
     folder.mkdir(parents=True)
     target = folder / gguf_path.name

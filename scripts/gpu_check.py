@@ -15,15 +15,15 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+
 
 NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE_SIZE = 32, 8, 128, 16
 
 
 def time_decode(kv_dtype: torch.dtype, batch: int, context: int, iters: int = 50) -> float:
     """Microseconds per paged decode-attention call (one layer) through our backend."""
-    from kernels.attention import create_attention_backend
-    from kernels.attention.base import AttentionMetadata
+    from specdec.kernels.attention import create_attention_backend
+    from specdec.kernels.attention.base import AttentionMetadata
 
     pages_per_seq = math.ceil(context / PAGE_SIZE)
     num_pages = batch * pages_per_seq

@@ -12,8 +12,8 @@ One reproducible recipe (fixed seeds; config, package versions and timings logge
 2. Teacher data (``draft_teacher``): the target's greedy and sampled answers, with its
    top-k next-token log-probs at every prompt and answer position, generated in batches
    (the target in bfloat16; how often its argmax is the float32 runtime's is logged)
-   until the generation budget is spent; cached under ``--data-dir`` (git-ignored); a
-   later run resumes after the cached answers.
+   until the generation budget is spent; cached under ``--data-dir`` (git-ignored) and
+   keyed by prompt, so a later run reuses every answer to a prompt it still asks.
 3. Output head over a frequency-ranked vocabulary subset (FR-Spec): the ``--head-size``
    ids most frequent in the target's answers (then in the prompts, then by BPE rank).
 4. Draft: Llama with the target's widths; the target's embedding (shared and frozen) and
@@ -64,9 +64,9 @@ from torch import nn
 from train_models import log, lr_at
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from coordinator.launcher import SPECULATORS_CONFIG, tuned_speculation
-from runtime import ModelRunner
-from runtime.loader import kv_scale_tensors
+from specdec.config import SPECULATORS_CONFIG, tuned_speculation
+from specdec.runtime import ModelRunner
+from specdec.runtime.loader import kv_scale_tensors
 
 ROOT = Path(__file__).resolve().parent.parent
 DRAFT_WEIGHTS = "draft.safetensors"
@@ -143,7 +143,7 @@ def teacher_writer(teacher: Teacher, tokenizer, seed: int) -> Writer:
 
 def chat_prompts(recipe: Recipe, teacher: Teacher, tokenizer, path: Path) -> list:
     """The conversations the target writes (``chat_requests``), made once and kept in
-    ``path``, so the teacher's cached answers stay aligned with the prompts."""
+    ``path``, so the teacher's cached answers keep answering the prompts."""
     if path.is_file():
         return json.loads(path.read_text())
     t0 = time.time()
@@ -168,36 +168,41 @@ def interleaved(first: list, second: list, every: int) -> list:
 def teacher_data(
     recipe: Recipe, teacher: Teacher, prompts: list[list[int]], path: Path
 ) -> list[TeacherSequence]:
-    """The target's answers to ``prompts`` in order, generated until ``gen_minutes`` is spent.
+    """The target's answers to ``prompts`` in order, those not cached generated until
+    ``gen_minutes`` is spent; prompts left unanswered are left out.
 
-    Cached in ``path`` after every batch; a later run resumes after the cached answers with
-    a fresh budget, so the data is the same as one run with the summed budget."""
-    data = cached_answers(path, prompts)
-    if data:
-        log(f"resuming teacher data {path}: {len(data)} answers cached")
+    Cached in ``path`` after every batch, keyed by prompt: a later run reuses every answer
+    whose prompt it still asks (the prompts follow the sources on this machine) and
+    generates the rest with a fresh budget."""
+    cache = cached_answers(path)
+    missing = [i for i, p in enumerate(prompts) if tuple(p) not in cache]
+    log(f"teacher data {path}: {len(prompts) - len(missing)} of {len(prompts)} answers cached")
     path.parent.mkdir(parents=True, exist_ok=True)
-    gen = torch.Generator().manual_seed(recipe.seed + 1 + len(data))
+    gen = torch.Generator().manual_seed(recipe.seed + 1 + len(cache))
     t0 = time.time()
     budget = recipe.gen_minutes * 60
     batch_seconds = 0.0
-    for start in range(len(data), len(prompts), recipe.gen_batch):
+    for start in range(0, len(missing), recipe.gen_batch):
         if time.time() - t0 + batch_seconds > budget:
             break
         t_batch = time.time()
-        batch = prompts[start : start + recipe.gen_batch]
+        batch = missing[start : start + recipe.gen_batch]
         every = recipe.sampled_every
-        sampled = [(start + i) % every == every - 1 for i in range(len(batch))]
-        data += generate(
-            teacher, batch, sampled, recipe.max_new_tokens, recipe.temperature, recipe.top_k, gen
+        sampled = [i % every == every - 1 for i in batch]
+        seqs = generate(
+            teacher,
+            [prompts[i] for i in batch],
+            sampled,
+            recipe.max_new_tokens,
+            recipe.temperature,
+            recipe.top_k,
+            gen,
         )
-        torch.save(data, path)
+        cache.update((tuple(s.token_ids[: s.prompt_len]), s) for s in seqs)
+        torch.save(list(cache.values()), path)
         batch_seconds = time.time() - t_batch
-        answers = sum(s.num_answer_tokens for s in data)
-        log(
-            f"teacher: {len(data)} answers, {answers} answer tokens, "
-            f"{sum(len(s.token_ids) for s in data)} tokens ({batch_seconds:.0f} s this batch)"
-        )
-    return data
+        log(f"teacher: {len(cache)} answers cached ({batch_seconds:.0f} s this batch)")
+    return [cache[tuple(p)] for p in prompts if tuple(p) in cache]
 
 
 def head_token_ids(data: list[TeacherSequence], size: int, special: list[int]) -> list[int]:

@@ -37,9 +37,9 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from coordinator.launcher import SPECULATORS_CONFIG, tuned_speculation
-from runtime.kv_scales import KVScaleTable
-from runtime.loader import kv_scale_tensors
+from specdec.config import SPECULATORS_CONFIG, tuned_speculation
+from specdec.runtime.kv_scales import KVScaleTable
+from specdec.runtime.loader import kv_scale_tensors
 
 EOS = "<|endoftext|>"
 FP8_E4M3_MAX = 448.0

@@ -1,3 +1,3 @@
-from target_service.server import main
+from specdec.target_service.server import main
 
 main()

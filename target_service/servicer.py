@@ -7,12 +7,15 @@ from collections.abc import AsyncIterator
 import grpc
 import torch
 
-from kernels.sampling import SparseProbs
-from protos.specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
-from runtime.sampling import Sampling
-from runtime.serving import InvalidRequestError, ModelServicer, model_info, status_code_for
-from target_service.verifier import PrefillChunk, Verifier, VerifyEntry, VerifyResult
-from telemetry.tracing import rpc_span
+from specdec.kernels.sampling import SparseProbs
+from specdec.model_service.proto import model_info
+from specdec.model_service.servicer import ModelServicer
+from specdec.model_service.status import status_code_for
+from specdec.runtime.errors import InvalidRequestError
+from specdec.runtime.sampling import Sampling
+from specdec.target_service.verifier import PrefillChunk, Verifier, VerifyEntry, VerifyResult
+from specdec.telemetry.tracing import rpc_span
+from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
 
 
 def prefill_from_proto(msg: target_pb2.PrefillChunk) -> PrefillChunk:

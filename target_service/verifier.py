@@ -10,14 +10,14 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kernels.paged_kv_cache import OutOfPagesError
-from kernels.random_stream import SAMPLE_DRAW, TARGET_DOMAIN, RandomStream
-from kernels.sampling import SparseProbs, sample_token
-from kernels.verify import chain_speculative_sampling, verify_greedy
-from runtime.model_runner import ModelRunner
-from runtime.sampling import Sampling
-from runtime.sequence import SequenceChunk
-from runtime.serving import InvalidRequestError, OutOfSyncError, UnknownRequestError
+from specdec.kernels.paged_kv_cache import OutOfPagesError
+from specdec.kernels.random_stream import SAMPLE_DRAW, TARGET_DOMAIN, RandomStream
+from specdec.kernels.sampling import SparseProbs, sample_token
+from specdec.kernels.verify import chain_speculative_sampling, verify_greedy
+from specdec.runtime.errors import InvalidRequestError, OutOfSyncError, UnknownRequestError
+from specdec.runtime.model_runner import ModelRunner
+from specdec.runtime.sampling import Sampling
+from specdec.runtime.sequence import SequenceChunk
 
 logger = logging.getLogger(__name__)
 

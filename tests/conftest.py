@@ -8,6 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every end-to-end test starts the services as processes: ``slow``."""
+    for item in items:
+        if "e2e" in item.path.parts:
+            item.add_marker(pytest.mark.slow)
+
+
 TINY = dict(
     vocab_size=256,
     hidden_size=64,

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 from safetensors.numpy import load_file
 
-from runtime.gguf_file import BLOCK_TENSORS, GLOBAL_TENSORS
+from specdec.runtime.gguf_file import BLOCK_TENSORS, GLOBAL_TENSORS
 
 HF_TO_GGUF = {v: k for k, v in {**GLOBAL_TENSORS, **BLOCK_TENSORS}.items()}
 # A mix as quantised files have: q/k/v in three parts of two types, gate/up in two.

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # starts processes
+
 ROOT = Path(__file__).resolve().parents[1]
 ACCEPTANCE = [0.9, 0.7, 0.5]
 BENCH = {

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.launcher import GENERAL_CHAT, REAL_TARGET
+from specdec.config import GENERAL_CHAT, REAL_TARGET
 
 
 def _load_chat():

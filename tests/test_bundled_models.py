@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from coordinator.launcher import MODELS_DIR
-from runtime import ModelRunner, SequenceChunk
+from specdec.config import MODELS_DIR
+from specdec.runtime import ModelRunner, SequenceChunk
 
 SNIPPET = "def add(a, b):\n    return a + b\n\n\nclass Point:\n    def __init__(self, x, y):\n"
 

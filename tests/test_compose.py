@@ -23,9 +23,14 @@ import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from smg.router_args import RouterArgs
 
-from coordinator.config import CoordinatorConfig, SpeculativeConfig
-from coordinator.launcher import DEFAULT_SPECULATIVE_CONFIG, StackConfig
-from runtime.serving import ServiceConfig
+from specdec.config import StackConfig
+from specdec.coordinator.engine.config import (
+    DEFAULT_SPECULATIVE_CONFIG,
+    CoordinatorConfig,
+    SpeculativeConfig,
+)
+from specdec.flags import add_flags, from_args
+from specdec.model_service.config import ServiceConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -60,8 +65,10 @@ def health_check(service: dict) -> tuple[str, str]:
 
 def coordinator_config(service: dict) -> CoordinatorConfig:
     parser = argparse.ArgumentParser()
-    CoordinatorConfig.add_cli_args(parser)
-    return CoordinatorConfig.from_cli_args(parser.parse_args(module_argv(service, "coordinator")))
+    add_flags(parser, CoordinatorConfig)
+    return from_args(
+        CoordinatorConfig, parser.parse_args(module_argv(service, "specdec.coordinator"))
+    )
 
 
 def test_stack_has_target_draft_coordinator_and_trace_backend(services):
@@ -72,7 +79,7 @@ def test_stack_has_target_draft_coordinator_and_trace_backend(services):
 @pytest.mark.parametrize("name", MODEL_SERVICES)
 def test_model_service_command_parses_with_the_service_cli(services, name):
     service = services[name]
-    config = ServiceConfig.from_args(name, module_argv(service, f"{name}_service"))
+    config = ServiceConfig.from_args(name, module_argv(service, f"specdec.{name}_service"))
     assert config.model == f"models/{name}"
     assert (ROOT / config.model / "config.json").is_file()  # the Dockerfile copies it
     assert config.host == "0.0.0.0"
@@ -86,8 +93,8 @@ def test_model_service_command_parses_with_the_service_cli(services, name):
 
 def test_coordinator_command_parses_and_points_at_the_model_services(services):
     config = coordinator_config(services["coordinator"])
-    target = ServiceConfig.from_args("t", module_argv(services["target"], "target_service"))
-    draft = ServiceConfig.from_args("d", module_argv(services["draft"], "draft_service"))
+    target = ServiceConfig.from_args("t", module_argv(services["target"], "specdec.target_service"))
+    draft = ServiceConfig.from_args("d", module_argv(services["draft"], "specdec.draft_service"))
     assert config.target == f"target:{target.port}"
     assert config.draft == f"draft:{draft.port}"
     assert config.host == "0.0.0.0"
@@ -103,7 +110,7 @@ def test_coordinator_publishes_api_and_metrics_ports(services):
 
 
 def test_speculative_config_is_the_dynamic_k_table(services):
-    argv = module_argv(services["coordinator"], "coordinator")
+    argv = module_argv(services["coordinator"], "specdec.coordinator")
     spec = SpeculativeConfig.from_json(argv[argv.index("--speculative-config") + 1])
     default = SpeculativeConfig.from_json(DEFAULT_SPECULATIVE_CONFIG)
     rows = spec.num_speculative_tokens_per_batch_size
@@ -150,6 +157,7 @@ def health_server():
     server.stop(None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ("target", "draft", "coordinator"))
 def test_health_check_passes_only_while_serving(services, health_server, name):
     source, _ = health_check(services[name])
@@ -174,6 +182,7 @@ def compose_client() -> list[str] | None:
     return None
 
 
+@pytest.mark.slow
 def test_compose_file_validates_with_the_compose_client():
     client = compose_client()
     if client is None:

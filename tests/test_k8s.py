@@ -15,9 +15,14 @@ import pytest
 import yaml
 from smg.router_args import RouterArgs
 
-from coordinator.config import CoordinatorConfig, SpeculativeConfig
-from coordinator.launcher import DEFAULT_SPECULATIVE_CONFIG, StackConfig
-from runtime.serving import ServiceConfig
+from specdec.config import StackConfig
+from specdec.coordinator.engine.config import (
+    DEFAULT_SPECULATIVE_CONFIG,
+    CoordinatorConfig,
+    SpeculativeConfig,
+)
+from specdec.flags import add_flags, from_args
+from specdec.model_service.config import ServiceConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
@@ -69,6 +74,7 @@ def test_every_base_manifest_validates():
 
 
 @needs_kubectl
+@pytest.mark.slow
 @pytest.mark.parametrize("folder", ["base", "overlays/gpu"])
 def test_kustomize_renders_valid_manifests(folder):
     docs = render(K8S / folder)
@@ -79,6 +85,7 @@ def test_kustomize_renders_valid_manifests(folder):
 
 
 @needs_kubectl
+@pytest.mark.slow
 def test_gpu_overlay_puts_the_models_on_gpus():
     docs = render(K8S / "overlays" / "gpu")
     config = by_name(docs, "ConfigMap", "specdec-config")["data"]
@@ -96,12 +103,13 @@ def test_gpu_overlay_puts_the_models_on_gpus():
     )
 
 
+@pytest.mark.slow
 def test_commands_parse_with_the_services_clis():
     docs = base_documents()
     config = by_name(docs, "ConfigMap", "specdec-config")["data"]
     for deployment, name in (("specdec-replica", "target"), ("specdec-draft", "draft")):
         c = container(docs, deployment, name)
-        assert c["command"] == ["python", "-m", f"{name}_service"]
+        assert c["command"] == ["python", "-m", f"specdec.{name}_service"]
         service = ServiceConfig.from_args(name, argv(c, config))
         assert (ROOT / service.model / "config.json").is_file()
         # Weights as `specdec up` holds them: the draft's linears int8, the target's never.
@@ -111,8 +119,8 @@ def test_commands_parse_with_the_services_clis():
         assert c["livenessProbe"]["grpc"]["port"] == service.port
     coordinator = container(docs, "specdec-replica", "coordinator")
     parser = argparse.ArgumentParser()
-    CoordinatorConfig.add_cli_args(parser)
-    cc = CoordinatorConfig.from_cli_args(parser.parse_args(argv(coordinator, config)))
+    add_flags(parser, CoordinatorConfig)
+    cc = from_args(CoordinatorConfig, parser.parse_args(argv(coordinator, config)))
     assert cc.target == "localhost:50052" and cc.draft == "specdec-draft:50051"
     assert cc.coordinator_id == "pod-0" and cc.metrics_port == 9090
     default = SpeculativeConfig.from_json(DEFAULT_SPECULATIVE_CONFIG)

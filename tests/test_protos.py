@@ -16,7 +16,7 @@ def test_committed_stubs_match_a_fresh_generation(tmp_path):
         check=True,
         env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
     )
-    fresh = {p.name: p.read_bytes() for p in (tmp_path / "protos" / "specdec" / "v1").iterdir()}
+    fresh = {p.name: p.read_bytes() for p in (tmp_path / "specdec" / "v1").iterdir()}
     committed = {p.name: p.read_bytes() for p in STUBS.glob("*_pb2*")}
     assert sorted(fresh) == sorted(committed)
     stale = [name for name, data in fresh.items() if committed[name] != data]

@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # starts processes
 ROOT = Path(__file__).resolve().parents[1]
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 PROBE = f"""
 import json
 from opentelemetry import trace
-from telemetry.tracing import configure_tracing, context_from_metadata, grpc_metadata
+from specdec.telemetry.tracing import configure_tracing, context_from_metadata, grpc_metadata
+
 configure_tracing("specdec-test")
 tracer = trace.get_tracer("probe")
 parent = context_from_metadata([("traceparent", "{PARENT}")])

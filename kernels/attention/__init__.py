@@ -6,12 +6,15 @@ import logging
 
 import torch
 
-from kernels.attention.base import AttentionBackend, AttentionMetadata, build_attention_metadata
-from kernels.attention.reference import ReferenceAttentionBackend
+from specdec.kernels.attention.base import (
+    AttentionBackend,
+    AttentionMetadata,
+    build_attention_metadata,
+)
+from specdec.kernels.attention.reference import ReferenceAttentionBackend
+from specdec.kernels.names import ATTENTION_BACKENDS
 
 log = logging.getLogger(__name__)
-
-ATTENTION_BACKENDS = ("auto", "reference", "cpu", "flashinfer")
 
 __all__ = [
     "ATTENTION_BACKENDS",
@@ -63,7 +66,7 @@ def create_attention_backend(
     if name == "cpu":
         if device.type != "cpu":
             raise ValueError(f"attention backend 'cpu' runs on the CPU, not on {device}")
-        from kernels.attention.cpu_backend import CpuAttentionBackend
+        from specdec.kernels.attention.cpu_backend import CpuAttentionBackend
 
         return CpuAttentionBackend()
     if not flashinfer_available(device):
@@ -72,14 +75,14 @@ def create_attention_backend(
             f"(pip install flashinfer-python); device is {str(device)!r}, CUDA available: "
             f"{torch.cuda.is_available()}. Use the 'cpu' or 'reference' backend instead."
         )
-    from kernels.attention.flashinfer_backend import FlashInferAttentionBackend
+    from specdec.kernels.attention.flashinfer_backend import FlashInferAttentionBackend
 
     return FlashInferAttentionBackend(device)
 
 
 def _cpu_backend_or_reference() -> AttentionBackend:
-    from kernels.attention.cpu_backend import CpuAttentionBackend
-    from kernels.native import NativeBuildError
+    from specdec.kernels.attention.cpu_backend import CpuAttentionBackend
+    from specdec.kernels.native import NativeBuildError
 
     try:
         return CpuAttentionBackend()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.paged_kv_cache import PagedKVCache
+from specdec.kernels.paged_kv_cache import PagedKVCache
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.attention.base import AttentionBackend, AttentionMetadata, check_heads
-from kernels.attention.reference import ReferenceAttentionBackend
-from kernels.fp8 import fp8_code_table, is_fp8
-from kernels.native import load_library
+from specdec.kernels.attention.base import AttentionBackend, AttentionMetadata, check_heads
+from specdec.kernels.attention.reference import ReferenceAttentionBackend
+from specdec.kernels.fp8 import fp8_code_table, is_fp8
+from specdec.kernels.native import load_library
 
 _KINDS = {torch.float32: 0, torch.bfloat16: 1}
 _BYTE_TABLE = 2

@@ -16,8 +16,8 @@ import logging
 
 import torch
 
-from kernels.attention.base import AttentionBackend, AttentionMetadata, check_heads
-from kernels.attention.reference import ReferenceAttentionBackend
+from specdec.kernels.attention.base import AttentionBackend, AttentionMetadata, check_heads
+from specdec.kernels.attention.reference import ReferenceAttentionBackend
 
 log = logging.getLogger(__name__)
 

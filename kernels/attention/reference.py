@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.attention.base import AttentionBackend, AttentionMetadata, check_heads
-from kernels.fp8 import fp8_to_float32, is_fp8
+from specdec.kernels.attention.base import AttentionBackend, AttentionMetadata, check_heads
+from specdec.kernels.fp8 import fp8_to_float32, is_fp8
 
 
 @dataclass(frozen=True)

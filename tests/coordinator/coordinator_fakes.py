@@ -12,13 +12,15 @@ import asyncio
 
 import grpc
 
-from coordinator.prompts import PromptEncoder
-from coordinator.server import build_request
-from protos.specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
+from specdec.coordinator.api.prompts import PromptEncoder
+from specdec.coordinator.api.server import build_request
+from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 
 VOCAB = 100
 MAX_MODEL_LEN = 64
 EOS = 99
+# The speculative config the engine and server tests are written for: a fixed K = 4.
+FIXED_K4 = '{"num_speculative_tokens": 4}'
 
 
 def next_token(n: int) -> int:

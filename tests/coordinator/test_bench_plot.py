@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator.bench_plot import plot_bench
+from specdec.bench_plot import plot_bench
 
 BATCH = {
     "1": {"k": 6, "target_only_tok_s": 140.0, "spec_tok_s": 240.0,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from coordinator.bench import chat_prompts
-from coordinator.launcher import GENERAL_CHAT
+from specdec.bench import chat_prompts
+from specdec.config import GENERAL_CHAT
 
 
 def test_categories_take_turns_so_the_first_prompts_cover_them_all(tmp_path):

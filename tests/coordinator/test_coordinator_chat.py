@@ -9,10 +9,10 @@ import pytest
 from coordinator_fakes import build
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from coordinator.chat import ChatTemplate
-from coordinator.engine import ModelLimits
-from coordinator.errors import InvalidRequest
-from protos.specdec.v1 import common_pb2, coordinator_pb2
+from specdec.coordinator.api.chat import ChatTemplate
+from specdec.coordinator.engine.core import ModelLimits
+from specdec.coordinator.engine.errors import InvalidRequest
+from specdec.v1 import common_pb2, coordinator_pb2
 
 CHATML = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"

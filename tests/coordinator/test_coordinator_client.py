@@ -2,8 +2,8 @@
 
 import time
 
-from coordinator.client import Completion, CoordinatorClient, GenerateParams
-from protos.specdec.v1 import coordinator_pb2
+from specdec.client import Completion, CoordinatorClient, GenerateParams
+from specdec.v1 import coordinator_pb2
 
 
 def test_generate_times_the_first_token_and_the_decode_phase(monkeypatch):

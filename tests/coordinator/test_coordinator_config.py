@@ -7,15 +7,13 @@ import json
 
 import pytest
 
-from coordinator.config import CoordinatorConfig, SpeculativeConfig
-from coordinator.launcher import (
-    DEFAULT_DRAFT_P_MIN,
+from specdec.config import TINY_DRAFT, TINY_TARGET, StackConfig, draft_speculation
+from specdec.coordinator.engine.config import (
     DEFAULT_SPECULATIVE_CONFIG,
-    TINY_DRAFT,
-    TINY_TARGET,
-    StackConfig,
-    draft_speculation,
+    CoordinatorConfig,
+    SpeculativeConfig,
 )
+from specdec.flags import add_flags, from_args
 
 
 def test_per_batch_size_table_is_inclusive_and_uncovered_sizes_run_k0():
@@ -78,10 +76,10 @@ def test_coordinator_config_validates_speculative_config_at_construction():
 
 def test_cli_defaults_come_from_the_dataclass():
     parser = argparse.ArgumentParser()
-    CoordinatorConfig.add_cli_args(parser)
-    default = CoordinatorConfig.from_cli_args(parser.parse_args([]))
+    add_flags(parser, CoordinatorConfig)
+    default = from_args(CoordinatorConfig, parser.parse_args([]))
     assert default == CoordinatorConfig()
-    config = CoordinatorConfig.from_cli_args(
+    config = from_args(CoordinatorConfig,
         parser.parse_args(
             [
                 "--port", "0",
@@ -117,4 +115,4 @@ def test_each_draft_runs_with_the_settings_its_folder_carries_and_flags_override
     (tmp_path / "config.json").write_text("{}")  # a draft that carries nothing
     bare = draft_speculation(StackConfig(draft_model=str(tmp_path)))
     assert bare.speculative_config == DEFAULT_SPECULATIVE_CONFIG
-    assert bare.draft_p_min == DEFAULT_DRAFT_P_MIN
+    assert bare.draft_p_min == CoordinatorConfig().draft_p_min

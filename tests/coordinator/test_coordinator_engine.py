@@ -8,6 +8,7 @@ import grpc
 import pytest
 from coordinator_fakes import (
     EOS,
+    FIXED_K4,
     MAX_MODEL_LEN,
     FakeDraft,
     FakeTarget,
@@ -16,12 +17,12 @@ from coordinator_fakes import (
     rpc_error,
 )
 
-from coordinator.config import CoordinatorConfig
-from coordinator.engine import Engine, ModelLimits
-from coordinator.errors import Cancelled, InvalidRequest, ServiceError
-from coordinator.request import Request, SamplingParams
-from coordinator.server import kv_pool
-from coordinator.stats import SpecStats
+from specdec.coordinator.api.server import kv_pool
+from specdec.coordinator.engine.config import CoordinatorConfig
+from specdec.coordinator.engine.core import Engine, ModelLimits
+from specdec.coordinator.engine.errors import Cancelled, InvalidRequest, ServiceError
+from specdec.coordinator.engine.request import Request, SamplingParams
+from specdec.coordinator.engine.stats import SpecStats
 
 
 def make_engine(draft: FakeDraft, target: FakeTarget, **config) -> Engine:
@@ -36,6 +37,7 @@ def make_engine(draft: FakeDraft, target: FakeTarget, **config) -> Engine:
         target_kv=kv_pool("target", target.pool.info({}), MAX_MODEL_LEN) if target.pool else None,
         draft_kv=kv_pool("draft", draft.pool.info({}), MAX_MODEL_LEN) if draft.pool else None,
     )
+    config.setdefault("speculative_config", FIXED_K4)  # what the fakes' scenarios assume
     return Engine(CoordinatorConfig(**config), draft, target, limits)
 
 
@@ -389,7 +391,7 @@ async def run_until_release_starts(engine: Engine, request: Request) -> tuple:
 
 
 def test_metrics_count_what_the_stats_count():
-    from coordinator.metrics import create_metrics
+    from specdec.coordinator.engine.metrics import create_metrics
 
     draft, target = FakeDraft(wrong_positions=frozenset({7})), FakeTarget()
     engine = make_engine(draft, target)
@@ -435,7 +437,7 @@ def test_a_hung_draft_costs_one_deadline_then_steps_skip_it_until_a_probe_answer
         draft, target, draft_timeout=0.05, draft_retry_interval=0.02, draft_max_retry_interval=0.1
     )
     hung = {"on": True}
-    step_calls, probes = [], []
+    step_calls = []
     original_step, original_info = draft.Step, draft.GetInfo
 
     async def hang(timeout):  # as a stopped process: nothing until the deadline
@@ -447,7 +449,6 @@ def test_a_hung_draft_costs_one_deadline_then_steps_skip_it_until_a_probe_answer
         return await (hang(timeout) if hung["on"] else original_step(request))
 
     async def get_info(request, timeout=None, metadata=None, wait_for_ready=None):
-        probes.append(asyncio.get_running_loop().time())
         return await (hang(timeout) if hung["on"] else original_info(request))
 
     draft.Step, draft.GetInfo = step, get_info
@@ -471,8 +472,8 @@ def test_a_hung_draft_costs_one_deadline_then_steps_skip_it_until_a_probe_answer
     # waits that grow up to the cap, while the steps ran K = 0 without it.
     assert step_calls.count(True) == 1
     assert engine.draft_breaker.num_trips == 1 and engine.draft_breaker.num_failed_probes >= 2
-    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
-    assert len(gaps) >= 2 and gaps[-1] > gaps[0]
+    waits = engine.draft_breaker.waits
+    assert waits[:4] == [0.02, 0.05, 0.1, 0.1][: len(waits)] and len(waits) >= 3
     # Once a probe answered, drafting resumed: later steps proposed and were accepted.
     assert r.stats.num_drafts > 0 and r.stats.num_accepted_tokens > 0
 

@@ -8,8 +8,8 @@ import argparse
 import pytest
 from smg.router_args import RouterArgs
 
-from coordinator.gateway import check_gateway_config, gateway_argv
-from coordinator.launcher import StackConfig
+from specdec.config import StackConfig
+from specdec.gateway import check_gateway_config, gateway_argv
 
 
 def test_gateway_command_parses_with_smg_and_names_every_coordinator():

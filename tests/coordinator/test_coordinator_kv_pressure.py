@@ -10,7 +10,7 @@ import pytest
 from coordinator_fakes import FakeDraft, FakePool, FakeTarget, rpc_error
 from test_coordinator_engine import expected_output, make_engine, make_request, run
 
-from coordinator.errors import ResourceExhausted
+from specdec.coordinator.engine.errors import ResourceExhausted
 
 PROMPT_LEN, MAX_TOKENS, NUM_REQUESTS = 10, 30, 8
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator.request import Request, SamplingParams
+from specdec.coordinator.engine.request import Request, SamplingParams
 
 EOS = frozenset({9})
 

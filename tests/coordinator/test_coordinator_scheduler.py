@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.config import SpeculativeConfig
-from coordinator.errors import ResourceExhausted
-from coordinator.request import Request, SamplingParams
-from coordinator.scheduler import Scheduler, StepPlan
+from specdec.coordinator.engine.config import SpeculativeConfig
+from specdec.coordinator.engine.errors import ResourceExhausted
+from specdec.coordinator.engine.request import Request, SamplingParams
+from specdec.coordinator.engine.scheduler import Scheduler, StepPlan
 
 EOS = frozenset({999})
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from test_coordinator_scheduler import apply, make_request, make_scheduler
 
-from coordinator.kv_pool import KVPool
-from coordinator.request import RequestStatus
+from specdec.coordinator.engine.kv_pool import KVPool
+from specdec.coordinator.engine.request import RequestStatus
 
 
 def pool(num_free: int, num_pages: int = 1000, page_size: int = 4, name="target") -> KVPool:

@@ -8,6 +8,7 @@ import contextlib
 import grpc
 import pytest
 from coordinator_fakes import (
+    FIXED_K4,
     DraftServicer,
     FakeDraft,
     FakeTarget,
@@ -19,9 +20,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from coordinator.config import CoordinatorConfig
-from coordinator.server import create_server
-from protos.specdec.v1 import (
+from specdec.coordinator.api.server import create_server
+from specdec.coordinator.engine.config import CoordinatorConfig
+from specdec.v1 import (
     common_pb2,
     coordinator_pb2,
     coordinator_pb2_grpc,
@@ -49,7 +50,7 @@ async def stack(
         draft=f"127.0.0.1:{draft_port}",
         target=f"127.0.0.1:{target_port}",
         connect_timeout=5.0,
-        **config,
+        **{"speculative_config": FIXED_K4, **config},  # what the fakes' scenarios assume
     )
     try:
         server, port = await create_server(config)
@@ -175,14 +176,34 @@ def test_vocab_mismatch_between_draft_and_target_is_a_startup_error():
         asyncio.run(scenario())
 
 
+async def collect(call) -> list:
+    return [m async for m in call]
+
+
+class CountingHealth(HealthServicer):
+    """A health servicer that counts the checks it answers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_checks = 0
+
+    async def Check(self, request, context):
+        self.num_checks += 1
+        return await super().Check(request, context)
+
+
 def test_a_long_target_step_is_no_outage_but_a_target_not_serving_is():
-    # One step takes 4 s; GetInfo waits behind it, so only the target's gRPC health can
-    # tell the coordinator, within its 1 s probe deadline, that the target is there.
-    target_health = HealthServicer()
+    # One step takes 2 s; GetInfo waits behind it, so only the target's gRPC health can
+    # tell the coordinator, within its probe deadline, that the target is there.
+    target_health = CountingHealth()
     prompt = coordinator_pb2.TokenIds(ids=[1, 2, 3])
+    probes = {"target_probe_interval": 0.05}
 
     async def scenario():
-        async with stack(FakeDraft(), FakeTarget(delay=4.0), target_health) as (stub, ch):
+        async with stack(FakeDraft(), FakeTarget(delay=2.0), target_health, **probes) as (
+            stub,
+            ch,
+        ):
             own_health = health_pb2_grpc.HealthStub(ch)
 
             async def health() -> int:
@@ -196,9 +217,17 @@ def test_a_long_target_step_is_no_outage_but_a_target_not_serving_is():
                 return False
 
             call = stub.Generate(coordinator_pb2.GenerateRequest(token_ids=prompt, max_tokens=1))
-            await asyncio.sleep(3.0)  # two probes into the step
+            replies = asyncio.ensure_future(collect(call))  # the step is under way
+            checks = target_health.num_checks
+
+            async def probed_during_the_step() -> None:
+                while target_health.num_checks < checks + 3:
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(probed_during_the_step(), timeout=1.5)  # the step takes 2 s
+            assert not replies.done()
             assert await health() == SERVING
-            assert [m async for m in call][-1].finish_reason == "length"
+            assert (await replies)[-1].finish_reason == "length"
             await target_health.set("", NOT_SERVING)
             went_down = await becomes(NOT_SERVING)
             with pytest.raises(grpc.aio.AioRpcError) as refused:

@@ -8,9 +8,9 @@ import asyncio
 import grpc
 import pytest
 
-from coordinator.engine import Engine, _status_of
-from coordinator.streams import StepRefused, StreamedStub
-from protos.specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from specdec.coordinator.engine.core import Engine, _status_of
+from specdec.coordinator.engine.step_streams import StepRefused, StreamedStub
+from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 IDENTITY = (("x-specdec-coordinator", "c1"), ("authorization", "Bearer t"))
 REFUSED_STEP = 13

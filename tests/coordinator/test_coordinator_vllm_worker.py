@@ -12,17 +12,17 @@ import pytest
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from tokenizers import Tokenizer
 
-from coordinator.engine import ModelLimits
-from coordinator.errors import InvalidRequest
-from coordinator.launcher import TINY_TARGET
-from coordinator.prompts import PromptEncoder
-from coordinator.vllm_worker import (
+from specdec.config import TINY_TARGET
+from specdec.coordinator.api.prompts import PromptEncoder
+from specdec.coordinator.api.vllm_worker import (
     StopStrings,
     request_from_proto,
     tokenizer_archive,
     unsupported_fields,
 )
-from protos.specdec.v1 import common_pb2
+from specdec.coordinator.engine.core import ModelLimits
+from specdec.coordinator.engine.errors import InvalidRequest
+from specdec.v1 import common_pb2
 
 ENGINE = SimpleNamespace(
     limits=ModelLimits(

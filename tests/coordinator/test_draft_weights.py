@@ -7,14 +7,9 @@ import json
 
 import pytest
 
-from coordinator.launcher import (
-    REAL_DRAFT,
-    REAL_TARGET,
-    TINY_DRAFT,
-    Stack,
-    StackConfig,
-    draft_dtype,
-)
+from specdec.config import REAL_DRAFT, REAL_TARGET, TINY_DRAFT, StackConfig, draft_dtype
+from specdec.launcher import Stack
+from specdec.model_service.config import ServiceConfig
 
 
 def checkpoint(tmp_path, **config) -> str:
@@ -46,23 +41,20 @@ def test_the_shipped_drafts():
     assert draft_dtype(str(TINY_DRAFT), "auto", "float32") == "float32"
 
 
-def service_argv(config: StackConfig, service: str, model: str) -> list[str]:
-    return Stack(config).model_argv(service, model, 0)  # builds it; starts nothing
-
-
-def flag(argv: list[str], name: str) -> str:
-    return argv[argv.index(name) + 1]
+def service_config(config: StackConfig, service: str, model: str) -> ServiceConfig:
+    """The model service's config as its command line gives it (built; nothing starts)."""
+    argv = Stack(config).model_argv(service, model, 0)
+    assert argv[1:3] == ["-m", f"specdec.{service}_service"]
+    return ServiceConfig.from_args(service, argv[3:])
 
 
 @pytest.mark.parametrize("quantization", ["int8", "none"])
 def test_only_the_draft_service_is_quantized(quantization):
     config = StackConfig(draft_quantization=quantization)
-    draft = service_argv(config, "draft", str(REAL_DRAFT))
-    assert flag(draft, "--quantization") == quantization
-    assert flag(draft, "--dtype") == "bfloat16"
-    target = service_argv(config, "target", str(REAL_TARGET))
-    assert flag(target, "--quantization") == "none"
-    assert flag(target, "--dtype") == "float32"
+    draft = service_config(config, "draft", str(REAL_DRAFT))
+    assert (draft.quantization, draft.dtype) == (quantization, "bfloat16")
+    target = service_config(config, "target", str(REAL_TARGET))
+    assert (target.quantization, target.dtype) == ("none", "float32")
 
 
 def test_the_default_draft_is_int8():
@@ -71,13 +63,13 @@ def test_the_default_draft_is_int8():
 
 def test_the_kv_pools_hold_max_num_seqs_sequences_the_draft_every_replicas_or_the_bytes_given():
     config = StackConfig(max_num_seqs=32, replicas=2, enable_prefix_caching=False)
-    target = service_argv(config, "target", str(REAL_TARGET))
-    draft = service_argv(config, "draft", str(REAL_DRAFT))
-    assert flag(target, "--num-gpu-blocks-override") == str(32 * 2048 // 16)
-    assert flag(draft, "--num-gpu-blocks-override") == str(2 * 32 * 2048 // 16)
-    assert "--no-enable-prefix-caching" in target and "--no-enable-prefix-caching" in draft
-    few = service_argv(StackConfig(max_num_seqs=2), "target", str(REAL_TARGET))
-    assert flag(few, "--num-gpu-blocks-override") == str(16 * 2048 // 16)  # one long request
+    target = service_config(config, "target", str(REAL_TARGET))
+    draft = service_config(config, "draft", str(REAL_DRAFT))
+    assert target.num_gpu_blocks_override == 32 * 2048 // 16
+    assert draft.num_gpu_blocks_override == 2 * 32 * 2048 // 16
+    assert not target.enable_prefix_caching and not draft.enable_prefix_caching
+    few = service_config(StackConfig(max_num_seqs=2), "target", str(REAL_TARGET))
+    assert few.num_gpu_blocks_override == 16 * 2048 // 16  # one long request
     sized = StackConfig(kv_cache_memory="2GiB", draft_kv_cache_memory="256MiB")
-    assert flag(service_argv(sized, "target", str(REAL_TARGET)), "--kv-cache-memory") == "2GiB"
-    assert flag(service_argv(sized, "draft", str(REAL_DRAFT)), "--kv-cache-memory") == "256MiB"
+    assert service_config(sized, "target", str(REAL_TARGET)).kv_cache_memory_bytes == 2 << 30
+    assert service_config(sized, "draft", str(REAL_DRAFT)).kv_cache_memory_bytes == 256 << 20

@@ -7,7 +7,7 @@ import json
 import pytest
 from tokenizers import Tokenizer
 
-from coordinator.launcher import MODELS_DIR
+from specdec.config import MODELS_DIR
 
 
 @pytest.fixture(scope="session")

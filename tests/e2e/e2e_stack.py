@@ -8,13 +8,9 @@ from contextlib import contextmanager
 
 import grpc
 
-from coordinator.launcher import (
-    TINY_DRAFT,
-    TINY_TARGET,
-    Stack,
-    StackConfig,
-)
-from protos.specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
+from specdec.config import TINY_DRAFT, TINY_TARGET, StackConfig
+from specdec.launcher import Stack
+from specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 
 TARGET, DRAFT = str(TINY_TARGET), str(TINY_DRAFT)
 

@@ -13,10 +13,10 @@ from e2e_stack import TARGET, running_stack, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2, vllm_engine_pb2_grpc
 
-from auth import bearer, coordinator_credential
-from coordinator.client import CoordinatorClient, GenerateParams, generate_request
-from coordinator.launcher import ServiceProcess
-from protos.specdec.v1 import (
+from specdec.auth import bearer, coordinator_credential
+from specdec.client import CoordinatorClient, GenerateParams, generate_request
+from specdec.launcher import ServiceProcess
+from specdec.v1 import (
     common_pb2,
     coordinator_pb2_grpc,
     draft_pb2,
@@ -187,7 +187,7 @@ def test_a_coordinator_credential_proves_its_name_and_cannot_claim_another(stack
 
 def test_a_target_process_releases_sequences_nobody_touches():
     argv = [
-        sys.executable, "-m", "target_service", "--model", TARGET, "--port", "0",
+        sys.executable, "-m", "specdec.target_service", "--model", TARGET, "--port", "0",
         "--sequence-idle-timeout", "1",
     ]  # fmt: skip
     process = ServiceProcess("target", argv, echo=False)

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from e2e_stack import running_stack, service_info
 
-from coordinator.client import CoordinatorClient, GenerateParams
-from protos.specdec.v1 import (
+from specdec.client import CoordinatorClient, GenerateParams
+from specdec.v1 import (
     common_pb2,
     coordinator_pb2,
     coordinator_pb2_grpc,

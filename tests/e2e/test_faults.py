@@ -10,9 +10,9 @@ import grpc
 import pytest
 from e2e_stack import DRAFT, running_stack, service_info, wait_until
 
-from auth import INTERNAL_TOKEN_ENV
-from coordinator.client import CoordinatorClient, GenerateParams, generate_concurrently
-from coordinator.launcher import ServiceProcess
+from specdec.auth import INTERNAL_TOKEN_ENV
+from specdec.client import CoordinatorClient, GenerateParams, generate_concurrently
+from specdec.launcher import ServiceProcess
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_a_killed_draft_means_k0_steps_then_a_restarted_draft_is_resynced(stack,
     assert last.stats.num_k0_steps > 0
 
     port = stack.draft_address.rsplit(":", 1)[1]
-    argv = [sys.executable, "-m", "draft_service", "--model", DRAFT, "--port", port]
+    argv = [sys.executable, "-m", "specdec.draft_service", "--model", DRAFT, "--port", port]
     env = {INTERNAL_TOKEN_ENV: stack.internal_token}
     restarted = ServiceProcess("draft", argv, echo=False, env=env)
     stack.processes.append(restarted)

@@ -18,11 +18,12 @@ import openai
 import pytest
 from e2e_stack import running_stack, wait_until
 
-from coordinator.client import CoordinatorClient, GenerateParams
-from coordinator.gateway import free_port, registered_workers
-from coordinator.launcher import REAL_DRAFT, REAL_TARGET, held_out_prompts
-from coordinator.supervisor import Supervisor
-from protos.specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
+from specdec.client import CoordinatorClient, GenerateParams
+from specdec.config import REAL_DRAFT, REAL_TARGET
+from specdec.gateway import free_port, registered_workers
+from specdec.launcher import held_out_prompts
+from specdec.supervisor import Supervisor
+from specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 12

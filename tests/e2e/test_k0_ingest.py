@@ -13,13 +13,13 @@ import grpc
 import pytest
 from e2e_stack import running_stack, service_info
 
-from coordinator.client import (
+from specdec.client import (
     Completion,
     CoordinatorClient,
     GenerateParams,
     generate_concurrently,
 )
-from protos.specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 SCHEDULE = '{"num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 2, 0]]}'
 PROMPT_LEN = 384

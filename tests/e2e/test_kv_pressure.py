@@ -13,7 +13,7 @@ import grpc
 import pytest
 from e2e_stack import DRAFT, TARGET, running_stack
 
-from coordinator.client import CoordinatorClient, GenerateParams, generate_concurrently
+from specdec.client import CoordinatorClient, GenerateParams, generate_concurrently
 
 NUM_REQUESTS, NEW_TOKENS, PAGE_TOKENS = 32, 48, 16
 SPEC = '{"num_speculative_tokens": 3}'

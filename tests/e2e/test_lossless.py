@@ -13,9 +13,10 @@ import pytest
 import torch
 from e2e_stack import DRAFT, TARGET, running_stack
 
-from coordinator.client import GenerateParams, generate_concurrently
-from coordinator.launcher import REAL_DRAFT, REAL_TARGET, held_out_prompts
-from runtime.loader import load_hf_model
+from specdec.client import GenerateParams, generate_concurrently
+from specdec.config import REAL_DRAFT, REAL_TARGET
+from specdec.launcher import held_out_prompts
+from specdec.runtime.loader import load_hf_model
 
 NEW_TOKENS = 40
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from e2e_stack import running_stack
 
-from coordinator.client import CoordinatorClient, GenerateParams, generate_concurrently
+from specdec.client import CoordinatorClient, GenerateParams, generate_concurrently
 
 
 def outputs(prompts: list, num_scheduler_steps: int) -> list[list[int]]:

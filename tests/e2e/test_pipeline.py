@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from e2e_stack import running_stack
 
-from coordinator.client import GenerateParams, generate_concurrently
+from specdec.client import GenerateParams, generate_concurrently
 
 SPEC_CONFIG = '{"num_speculative_tokens": 4}'
 

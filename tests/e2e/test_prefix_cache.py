@@ -8,7 +8,7 @@ import pytest
 from e2e_stack import TARGET, running_stack, service_info
 from test_kv_pressure import PAGE_TOKENS, page_bytes
 
-from coordinator.client import CoordinatorClient, GenerateParams, generate_concurrently
+from specdec.client import CoordinatorClient, GenerateParams, generate_concurrently
 
 SPEC = '{"num_speculative_tokens": 3}'
 PREFIX_TOKENS, SUFFIX_TOKENS = 1000, 24

@@ -25,9 +25,9 @@ from sampling_stats import (
     token_categories,
 )
 
-from coordinator.client import Completion, GenerateParams, generate_concurrently
-from kernels.sampling import logits_to_probs
-from runtime.loader import load_hf_model
+from specdec.client import Completion, GenerateParams, generate_concurrently
+from specdec.kernels.sampling import logits_to_probs
+from specdec.runtime.loader import load_hf_model
 
 SPEC_CONFIG = '{"num_speculative_tokens": 3}'
 NUM_SAMPLES = 960  # per setting and seeding

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from e2e_stack import running_stack
 
-from coordinator.client import CoordinatorClient, GenerateParams, generate_concurrently
-from coordinator.launcher import DEFAULT_SPECULATIVE_CONFIG
+from specdec.client import CoordinatorClient, GenerateParams, generate_concurrently
+from specdec.coordinator.engine.config import DEFAULT_SPECULATIVE_CONFIG
 
 SPEC_CONFIG = '{"num_speculative_tokens": 3}'
 SEEDS = range(8)

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from e2e_stack import running_stack, service_info
 
-from coordinator.client import CoordinatorClient, GenerateParams
+from specdec.client import CoordinatorClient, GenerateParams
 
 NUM_COORDINATORS = 50
 PARALLEL = 5

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import grpc
@@ -18,8 +17,8 @@ import pytest
 from e2e_stack import DRAFT, TARGET, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from coordinator.client import CoordinatorClient, GenerateParams, generate_concurrently
-from coordinator.gateway import free_port
+from specdec.client import CoordinatorClient, GenerateParams, generate_concurrently
+from specdec.gateway import free_port
 
 SPECDEC = str(Path(sys.executable).parent / "specdec")
 PARAMS = GenerateParams(max_tokens=160, ignore_eos=True)
@@ -81,9 +80,12 @@ def test_a_killed_draft_is_restarted_and_four_streams_finish_unchanged(up, promp
     runner = threading.Thread(
         target=lambda: outs.extend(generate_concurrently(address, prompts, PARAMS)[1])
     )
-    runner.start()
-    time.sleep(1.0)
-    os.kill(pid_of("draft_service", draft_address), signal.SIGKILL)
+    with CoordinatorClient(address) as client:
+        drafted = client.totals().num_draft_tokens
+        runner.start()
+        # The kill lands mid-stream: once the draft has proposed for these requests.
+        assert wait_until(lambda: client.totals().num_draft_tokens > drafted, timeout=60)
+    os.kill(pid_of("specdec.draft_service", draft_address), signal.SIGKILL)
     runner.join(120)
     assert [o.token_ids for o in outs] == [o.token_ids for o in undisturbed]
     assert sum(o.stats["num_k0_steps"] for o in outs) > 0
@@ -104,7 +106,7 @@ def test_a_killed_target_fails_in_flight_requests_with_unavailable_then_serves_a
         before = client.generate(prompt_ids[0], PARAMS)
         stream = client.stream(prompt_ids[1], PARAMS, timeout=120)
         next(stream)
-        os.kill(pid_of("target_service", target_address), signal.SIGKILL)
+        os.kill(pid_of("specdec.target_service", target_address), signal.SIGKILL)
         with pytest.raises(grpc.RpcError) as err:
             for _ in stream:
                 pass

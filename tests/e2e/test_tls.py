@@ -10,8 +10,8 @@ import grpc
 import pytest
 from e2e_stack import running_stack
 
-from coordinator.client import CoordinatorClient, GenerateParams
-from protos.specdec.v1 import common_pb2, target_pb2_grpc
+from specdec.client import CoordinatorClient, GenerateParams
+from specdec.v1 import common_pb2, target_pb2_grpc
 
 x509 = pytest.importorskip("cryptography.x509")
 from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kernels.attention import AttentionMetadata, build_attention_metadata
-from kernels.fp8 import dequantize_fp8, fp8_max, is_fp8, quantize_fp8
-from kernels.paged_kv_cache import PagedKVCache
+from specdec.kernels.attention import AttentionMetadata, build_attention_metadata
+from specdec.kernels.fp8 import dequantize_fp8, fp8_max, is_fp8, quantize_fp8
+from specdec.kernels.paged_kv_cache import PagedKVCache
 
 
 @dataclass

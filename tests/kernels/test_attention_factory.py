@@ -7,10 +7,10 @@ import logging
 import pytest
 import torch
 
-from kernels import native
-from kernels.attention import ReferenceAttentionBackend, create_attention_backend
-from kernels.attention.cpu_backend import CpuAttentionBackend
-from kernels.native import NativeBuildError
+from specdec.kernels import native
+from specdec.kernels.attention import ReferenceAttentionBackend, create_attention_backend
+from specdec.kernels.attention.cpu_backend import CpuAttentionBackend
+from specdec.kernels.native import NativeBuildError
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def test_auto_on_cpu_picks_the_c_kernel_backend():
 def test_auto_falls_back_to_reference_with_a_warning_when_the_kernel_cannot_build(
     no_compiler, caplog
 ):
-    with caplog.at_level(logging.WARNING, logger="kernels.attention"):
+    with caplog.at_level(logging.WARNING, logger="specdec.kernels.attention"):
         backend = create_attention_backend("auto", "cpu")
     assert isinstance(backend, ReferenceAttentionBackend)
     assert "/nonexistent/cc" in caplog.text

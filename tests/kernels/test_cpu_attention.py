@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from kernels.attention import ReferenceAttentionBackend
-from kernels.attention.cpu_backend import CpuAttentionBackend
-from kernels.fp8 import fp8_max
+from specdec.kernels.attention import ReferenceAttentionBackend
+from specdec.kernels.attention.cpu_backend import CpuAttentionBackend
+from specdec.kernels.fp8 import fp8_max
 
 # As in test_reference_attention: prefill chunk behind a prefix, decode, 1+3 verify, all
 # crossing page boundaries; plus a fresh prefill.

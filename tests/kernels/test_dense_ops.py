@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import dense_ops
-from runtime.model_config import RopeConfig
-from runtime.rotary import RotaryEmbedding, apply_rotary
+from specdec.kernels import dense_ops
+from specdec.runtime.model_config import RopeConfig
+from specdec.runtime.rotary import RotaryEmbedding, apply_rotary
 
 gen = torch.Generator().manual_seed(0)
 

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from kernels.attention import ReferenceAttentionBackend, create_attention_backend
+from specdec.kernels.attention import ReferenceAttentionBackend, create_attention_backend
 
 pytestmark = [
     pytest.mark.gpu,
@@ -71,6 +71,6 @@ def test_flashinfer_matches_reference_on_same_paged_data(ragged_batch, kv_dtype,
 
 
 def test_auto_backend_is_flashinfer_on_cuda():
-    from kernels.attention.flashinfer_backend import FlashInferAttentionBackend
+    from specdec.kernels.attention.flashinfer_backend import FlashInferAttentionBackend
 
     assert isinstance(create_attention_backend("auto", "cuda"), FlashInferAttentionBackend)

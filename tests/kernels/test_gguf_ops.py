@@ -8,8 +8,8 @@ import pytest
 import torch
 from gguf.quants import dequantize
 
-from kernels import dense_ops, gguf_ops
-from kernels.gguf_ops import BLOCK_LAYOUT, GGMLType, GGUFPart, GGUFWeight
+from specdec.kernels import dense_ops, gguf_ops
+from specdec.kernels.gguf_ops import BLOCK_LAYOUT, GGMLType, GGUFPart, GGUFWeight
 
 pytestmark = pytest.mark.skipif(not dense_ops.library_loads(), reason="no C compiler here")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.huge_pages import HUGE_PAGE, into_huge_pages
+from specdec.kernels.huge_pages import HUGE_PAGE, into_huge_pages
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -66,9 +66,9 @@ def test_a_large_copy_is_backed_by_huge_pages():
 @needs_thp
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_the_runtime_streams_its_packed_weights_from_huge_pages(dtype):
-    from coordinator.launcher import TINY_TARGET
-    from runtime import ModelRunner
-    from runtime.model import Linear
+    from specdec.config import TINY_TARGET
+    from specdec.runtime import ModelRunner
+    from specdec.runtime.model import Linear
 
     runner = ModelRunner.from_pretrained(TINY_TARGET, num_pages=8, dtype=dtype)
     packed = [m.packed_weight for m in runner.model.modules() if isinstance(m, Linear)]

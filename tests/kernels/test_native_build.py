@@ -9,8 +9,10 @@ import zipfile
 
 import pytest
 
-from kernels import native
-from kernels.native import NativeBuildError
+from specdec.kernels import native
+from specdec.kernels.native import NativeBuildError
+
+pytestmark = pytest.mark.slow  # starts processes
 
 
 def test_library_is_built_once_into_the_cache_dir(tmp_path, monkeypatch):
@@ -59,9 +61,9 @@ def test_the_wheel_carries_everything_the_kernels_compile_from(tmp_path, monkeyp
     subprocess.run([*argv, "-q", "-w", str(wheel_dir)], check=True, capture_output=True)
     (wheel,) = wheel_dir.glob("specdec-*.whl")
     with zipfile.ZipFile(wheel) as archive:
-        shipped = [n for n in archive.namelist() if n.startswith("kernels/csrc/")]
+        shipped = [n for n in archive.namelist() if n.startswith("specdec/kernels/csrc/")]
         archive.extractall(tmp_path / "installed", members=shipped)
-    installed = tmp_path / "installed" / "kernels" / "csrc"
+    installed = tmp_path / "installed" / "specdec" / "kernels" / "csrc"
     assert sorted(p.name for p in installed.iterdir()) == sorted(
         p.name for p in native.CSRC.iterdir() if p.suffix in (".c", ".h")
     )

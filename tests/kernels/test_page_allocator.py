@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.page_allocator import OutOfPagesError, PageAllocator
+from specdec.kernels.page_allocator import OutOfPagesError, PageAllocator
 
 
 def test_a_shared_page_is_freed_only_when_its_last_holder_lets_go():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.fp8 import dequantize_fp8, fp8_max, quantize_fp8, resolve_kv_cache_dtype
-from kernels.paged_kv_cache import OutOfPagesError, PageAllocator, PagedKVCache
+from specdec.kernels.fp8 import dequantize_fp8, fp8_max, quantize_fp8, resolve_kv_cache_dtype
+from specdec.kernels.paged_kv_cache import OutOfPagesError, PageAllocator, PagedKVCache
 
 
 def make_cache(num_pages: int = 8, page_size: int = 4, dtype=torch.float32) -> PagedKVCache:

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from scipy.stats import kstest, pearsonr
 
-from kernels.random_stream import DRAFT_DOMAIN, TARGET_DOMAIN, RandomStream
+from specdec.kernels.random_stream import DRAFT_DOMAIN, TARGET_DOMAIN, RandomStream
 
 N = 20_000
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from kernels.attention import ReferenceAttentionBackend
-from kernels.fp8 import fp8_max
+from specdec.kernels.attention import ReferenceAttentionBackend
+from specdec.kernels.fp8 import fp8_max
 
 # A prefill chunk behind a 5-token cached prefix, a decode token, a 1+3 verify segment;
 # page size 4, so every prefix and every query segment crosses a page boundary.

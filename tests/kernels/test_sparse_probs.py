@@ -6,10 +6,10 @@ import numpy as np
 import torch
 from sampling_stats import categorical_fit_pvalue
 
-from kernels.random_stream import DRAFT_DOMAIN, PROPOSE_DRAW, TARGET_DOMAIN, RandomStream
-from kernels.sampling import MAX_DRAFT_SUPPORT, SparseProbs
-from kernels.verify import chain_speculative_sampling
-from protos.specdec.v1 import common_pb2
+from specdec.kernels.random_stream import DRAFT_DOMAIN, PROPOSE_DRAW, TARGET_DOMAIN, RandomStream
+from specdec.kernels.sampling import MAX_DRAFT_SUPPORT, SparseProbs
+from specdec.kernels.verify import chain_speculative_sampling
+from specdec.v1 import common_pb2
 
 P_MIN = 1e-4  # seeded trials: each p-value is a fixed number
 

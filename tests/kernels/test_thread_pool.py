@@ -5,6 +5,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # starts processes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Alternates 2 and 4 threads around small linears. A worker left out of a 2-thread region
@@ -14,7 +18,7 @@ SWITCHING = textwrap.dedent(
     """
     import sys, torch
     sys.path.insert(0, sys.argv[1])
-    from kernels import dense_ops
+    from specdec.kernels import dense_ops
 
     torch.manual_seed(0)
     packed = dense_ops.pack_linear_weight(torch.randn(64, 512))

@@ -9,15 +9,15 @@ import pytest
 import torch
 from sampling_stats import categorical_fit_pvalue
 
-from kernels.random_stream import (
+from specdec.kernels.random_stream import (
     ACCEPT_DRAW,
     DRAFT_DOMAIN,
     PROPOSE_DRAW,
     TARGET_DOMAIN,
     RandomStream,
 )
-from kernels.sampling import logits_to_probs, sample_token
-from kernels.verify import chain_speculative_sampling, verify_greedy
+from specdec.kernels.sampling import logits_to_probs, sample_token
+from specdec.kernels.verify import chain_speculative_sampling, verify_greedy
 
 
 def logits_with_argmax(tokens: list[int], vocab: int = 12, dtype=torch.float32) -> torch.Tensor:

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from runtime import KVScaleTable, ModelRunner, SequenceChunk
-from runtime.loader import kv_scale_tensors
+from specdec.runtime import KVScaleTable, ModelRunner, SequenceChunk
+from specdec.runtime.loader import kv_scale_tensors
 
 
 def add_kv_scales(folder: Path, k: list[float], v: list[float]) -> None:

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from runtime.batcher import Batcher
+from specdec.model_service.batcher import Batcher
 
 
 def test_calls_arriving_during_a_run_share_the_next_run():

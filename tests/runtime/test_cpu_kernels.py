@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from runtime import ModelRunner
-from runtime.model import Linear
+from specdec.runtime import ModelRunner
+from specdec.runtime.model import Linear
 
 
 def test_cpu_kernels_follow_the_attention_backend_and_the_dtype(qwen3_path):

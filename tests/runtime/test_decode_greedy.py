@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_head_subset import with_subset_head
 
-from runtime import ModelRunner, SequenceChunk
+from specdec.runtime import ModelRunner, SequenceChunk
 
 PROMPTS = {"a": list(range(3, 22)), "b": [9, 4, 7, 30, 2]}
 STEPS = 13  # crosses several 4-token pages

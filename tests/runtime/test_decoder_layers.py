@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import dense_ops
-from runtime import ModelRunner, SequenceChunk
+from specdec.kernels import dense_ops
+from specdec.runtime import ModelRunner, SequenceChunk
 
 
 def steps(runner: ModelRunner) -> torch.Tensor:

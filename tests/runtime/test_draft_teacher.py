@@ -13,8 +13,8 @@ import torch
 from runtime_helpers import greedy, prefill
 from sampling_stats import categorical_fit_pvalue, rank_categories
 
-from runtime import ModelRunner
 from scripts.draft_teacher import Teacher, TeacherSequence, cached_answers, generate, top_k
+from specdec.runtime import ModelRunner
 
 PROMPTS = [[5, 17, 42, 99, 3], [7, 8], [200, 11, 12, 13, 14, 15, 16, 30, 31]]
 
@@ -56,12 +56,13 @@ def test_sampled_first_tokens_follow_the_tempered_distribution(models):
     assert categorical_fit_pvalue(expected, observed) > 1e-3
 
 
-def test_a_resumed_run_keeps_only_a_cache_that_answers_its_prompts(tmp_path):
+def test_a_resumed_run_reuses_the_answers_to_the_prompts_it_still_asks(tmp_path):
     path = tmp_path / "teacher.pt"
-    assert cached_answers(path, PROMPTS) == []
+    assert cached_answers(path) == {}
     top = torch.zeros(len(PROMPTS[1]) + 1, 1, dtype=torch.int32)
     answer = TeacherSequence(PROMPTS[1] + [4, 9], len(PROMPTS[1]), False, top, top.half())
     torch.save([answer], path)
-    assert [s.token_ids for s in cached_answers(path, PROMPTS[1:])] == [answer.token_ids]
-    with pytest.raises(SystemExit, match="cached answer 0 is not the answer to this run's"):
-        cached_answers(path, PROMPTS)
+    cache = cached_answers(path)
+    assert list(cache) == [tuple(PROMPTS[1])]
+    assert cache[tuple(PROMPTS[1])].token_ids == answer.token_ids
+    assert tuple(PROMPTS[0]) not in cache

@@ -8,8 +8,8 @@ import pytest
 import torch
 from runtime_helpers import cached_kv, prefill
 
-from kernels.paged_kv_cache import OutOfPagesError
-from runtime import ModelRunner, RuntimeConfig, SequenceChunk
+from specdec.kernels.paged_kv_cache import OutOfPagesError
+from specdec.runtime import ModelRunner, RuntimeConfig, SequenceChunk
 
 
 @pytest.fixture

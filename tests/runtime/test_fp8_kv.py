@@ -9,8 +9,8 @@ import torch
 from runtime_helpers import add_kv_scales, cached_kv, prefill
 from transformers import AutoModelForCausalLM
 
-from kernels.fp8 import fp8_max
-from runtime import (
+from specdec.kernels.fp8 import fp8_max
+from specdec.runtime import (
     KVScalesMismatchError,
     KVScaleTable,
     ModelRunner,

@@ -13,9 +13,9 @@ from gguf import GGMLQuantizationType
 from gguf_files import MIXED_TYPES, write_gguf
 from runtime_helpers import prefill
 
-from runtime import ModelRunner, SequenceChunk
-from runtime.gguf_file import GGUFError
-from runtime.model_config import ModelConfig
+from specdec.runtime import ModelRunner, SequenceChunk
+from specdec.runtime.gguf_file import GGUFError
+from specdec.runtime.model_config import ModelConfig
 
 TINY_TARGET = Path(__file__).resolve().parents[2] / "models" / "target"
 PROMPT = [5, 17, 99, 3, 250, 1024, 7, 7, 311, 42, 8, 4000, 12]

@@ -16,10 +16,10 @@ import torch
 from runtime_helpers import greedy, prefill
 from safetensors.torch import load_file, save_file
 
-from kernels.sampling import logits_to_probs, sample_token
-from runtime import ModelRunner
-from runtime.loader import load_hf_model
-from runtime.model_config import ModelConfig
+from specdec.kernels.sampling import logits_to_probs, sample_token
+from specdec.runtime import ModelRunner
+from specdec.runtime.loader import load_hf_model
+from specdec.runtime.model_config import ModelConfig
 
 VOCAB = 256
 PROMPT = [5, 17, 99, 3, 250, 42, 7, 128]

@@ -7,7 +7,7 @@ import torch
 from runtime_helpers import greedy, prefill
 from transformers import AutoModelForCausalLM
 
-from runtime import ModelRunner, SequenceChunk
+from specdec.runtime import ModelRunner, SequenceChunk
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 200]
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from runtime_helpers import cached_kv, prefill
 
-from runtime import ModelRunner, SequenceChunk
+from specdec.runtime import ModelRunner, SequenceChunk
 
 TOKENS = [(7 * i + 3) % 256 for i in range(45)]
 TOL = 1e-5

@@ -8,10 +8,11 @@ import argparse
 import pytest
 import torch
 
-from kernels import dense_ops
-from runtime import ModelRunner
-from runtime.config import DEFAULT_KV_CACHE_TOKENS, RuntimeConfig
-from runtime.serving import ServiceConfig, kv_capacity, load_runner, parse_size
+from specdec.kernels import dense_ops
+from specdec.model_service.config import ServiceConfig, parse_size
+from specdec.model_service.executor import kv_capacity, load_runner
+from specdec.runtime import ModelRunner
+from specdec.runtime.config import DEFAULT_KV_CACHE_TOKENS, RuntimeConfig
 
 
 @pytest.mark.parametrize(
@@ -79,7 +80,7 @@ def test_a_service_logs_its_capacity_when_it_loads(qwen3_path, caplog):
     config = ServiceConfig(model=str(qwen3_path), num_gpu_blocks_override=32, num_threads=1)
     threads = torch.get_num_threads()
     try:
-        with caplog.at_level("INFO", logger="runtime.serving"):
+        with caplog.at_level("INFO", logger="specdec.model_service.executor"):
             runner = load_runner(config)
     finally:
         torch.set_num_threads(threads)  # load_runner set both to num_threads

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from runtime import ModelRunner
+from specdec.runtime import ModelRunner
 
 
 def edited_copy(src: Path, dst: Path, edit) -> Path:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime import KVScaleTable, ModelRunner, SequenceChunk
+from specdec.runtime import KVScaleTable, ModelRunner, SequenceChunk
 
 PAGE_SIZE = 4
 PREFIX = [(7 * i + 3) % 256 for i in range(44)]  # 11 blocks

@@ -18,7 +18,7 @@ import torch
 from runtime_helpers import prefill
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from runtime import ModelRunner, SequenceChunk
+from specdec.runtime import ModelRunner, SequenceChunk
 
 FOLDER = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-instruct"
 GGUF_FOLDER = FOLDER.with_name("smollm2-135m-instruct-q4_1")

@@ -14,8 +14,8 @@ import pytest
 import torch
 from runtime_helpers import prefill
 
-from runtime import ModelRunner
 from scripts.fetch_models import DRAFT_DIR, DRAFT_EMBEDDING_FILE, DRAFT_SHARED_FILES, MODEL_DIR
+from specdec.runtime import ModelRunner
 
 COMPLETION = {DRAFT_EMBEDDING_FILE, "model.safetensors.index.json", *DRAFT_SHARED_FILES}
 QUESTION = "Explain what a Python dictionary is and give a short example."
@@ -47,7 +47,7 @@ def runners() -> tuple[ModelRunner, ModelRunner]:
 
 @pytest.fixture(scope="module")
 def prompt() -> list[int]:
-    from runtime.loader import load_tokenizer
+    from specdec.runtime.loader import load_tokenizer
 
     tokenizer = load_tokenizer(DRAFT_DIR)
     chat = [{"role": "user", "content": QUESTION}]

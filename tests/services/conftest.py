@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterator
 import pytest
 from service_testing import NUM_PAGES, PAGE_SIZE, ServerThread
 
-from protos.specdec.v1 import target_pb2_grpc
-from runtime.model_runner import ModelRunner
-from runtime.serving import ServiceConfig
-from target_service.server import create_server as create_target_server
+from specdec.model_service.config import ServiceConfig
+from specdec.runtime.model_runner import ModelRunner
+from specdec.target_service.server import create_server as create_target_server
+from specdec.v1 import target_pb2_grpc
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from protos.specdec.v1 import common_pb2, target_pb2
-from runtime.model_runner import ModelRunner
-from runtime.sequence import SequenceChunk
-from runtime.serving import ServiceConfig, message_limits
+from specdec.model_service.config import ServiceConfig, message_limits
+from specdec.runtime.model_runner import ModelRunner
+from specdec.runtime.sequence import SequenceChunk
+from specdec.v1 import common_pb2, target_pb2
 
 NUM_PAGES = 64
 PAGE_SIZE = 4  # small pages, so sequences cross page boundaries

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from service_testing import NUM_PAGES, greedy_decode, status_of
 
-from draft_service.drafter import Drafter
-from draft_service.server import create_server
-from draft_service.servicer import DraftServicer
-from protos.specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from specdec.draft_service.drafter import Drafter
+from specdec.draft_service.server import create_server
+from specdec.draft_service.servicer import DraftServicer
+from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 PROMPT = [17, 203, 5, 88, 140, 61, 9, 230, 44, 101, 12]
 OTHER = [3, 250, 77, 18, 96]

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from draft_service.drafter import Drafter, DraftStep, IngestPlan, ProposeEntry
-from runtime.sampling import Sampling
+from specdec.draft_service.drafter import Drafter, DraftStep, IngestPlan, ProposeEntry
+from specdec.runtime.sampling import Sampling
 
 PROMPT = [17, 203, 5, 88, 140, 61, 9, 230, 44, 101, 12]
 SAMPLED = Sampling(temperature=1.2, top_p=0.95, seed=7)

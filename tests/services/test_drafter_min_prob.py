@@ -10,9 +10,9 @@ import pytest
 import torch
 from test_drafter_lazy_ingest import PROMPT, SAMPLED
 
-from draft_service.drafter import Drafter, DraftStep, IngestPlan, ProposeEntry
-from runtime.sampling import Sampling
-from runtime.sequence import SequenceChunk
+from specdec.draft_service.drafter import Drafter, DraftStep, IngestPlan, ProposeEntry
+from specdec.runtime.sampling import Sampling
+from specdec.runtime.sequence import SequenceChunk
 
 K = 8
 # (KV cache dtype, sampling): the greedy picks after the first run in one C call with an

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from test_drafter_lazy_ingest import PROMPT, CountingRunner
 
-from draft_service.drafter import Drafter, DraftStep, IngestPlan, ProposeEntry
+from specdec.draft_service.drafter import Drafter, DraftStep, IngestPlan, ProposeEntry
 
 K = 4
 OTHER = PROMPT[3:]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from service_testing import NUM_PAGES, PAGE_SIZE, chunk, entry, greedy_decode, verify
 
-from draft_service.drafter import Drafter, DraftStep, IngestPlan, ProposeEntry
-from draft_service.server import create_server as create_draft_server
-from protos.specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2
+from specdec.draft_service.drafter import Drafter, DraftStep, IngestPlan, ProposeEntry
+from specdec.draft_service.server import create_server as create_draft_server
+from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2
 
 SHARED = [17, 203, 5, 88, 140, 61, 9, 230, 44, 101, 12, 7]  # 3 blocks of PAGE_SIZE
 FIRST = [*SHARED, 150, 33, 64, 2, 91]

@@ -21,8 +21,9 @@ def test_target_service_process_prints_listening_line_serves_health_and_stops_on
     tiny_model_path,
 ):
     command = [
-        sys.executable, "-m", "target_service", "--model", str(tiny_model_path), "--port", "0",
-        "--kv-cache-dtype", "fp8", "--num-gpu-blocks-override", "32", "--grace-s", "1",
+        sys.executable, "-m", "specdec.target_service", "--model", str(tiny_model_path),
+        "--port", "0", "--kv-cache-dtype", "fp8", "--num-gpu-blocks-override", "32",
+        "--grace-s", "1",
     ]  # fmt: skip
     process = subprocess.Popen(
         command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

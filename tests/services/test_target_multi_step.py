@@ -10,8 +10,8 @@ import pytest
 from service_testing import PAGE_SIZE, chunk, entry, greedy_decode, status_of, verify
 from test_target_service import PROMPT
 
-from protos.specdec.v1 import target_pb2, target_pb2_grpc
-from target_service.server import create_server
+from specdec.target_service.server import create_server
+from specdec.v1 import target_pb2, target_pb2_grpc
 
 
 @pytest.fixture(params=["fp8", "auto"], ids=["fp8-forward-by-forward", "auto-one-c-call"])

@@ -13,8 +13,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from service_testing import ServerThread, chunk, entry, greedy_decode, status_of, verify
 
-from protos.specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
-from target_service.server import create_server
+from specdec.target_service.server import create_server
+from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
 
 PROMPT = [17, 203, 5, 88, 140, 61, 9, 230, 44, 101, 12, 7, 150, 33, 64, 2, 91, 180, 55, 23]
 VOCAB = 256

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos.specdec.v1 import coordinator_pb2 as protos_dot_specdec_dot_v1_dot_coordinator__pb2
+from specdec.v1 import coordinator_pb2 as specdec_dot_v1_dot_coordinator__pb2
 
 GRPC_GENERATED_VERSION = '1.76.0'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/specdec/v1/coordinator_pb2_grpc.py depends on'
+        + ' but the generated code in specdec/v1/coordinator_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,13 +37,13 @@ class CoordinatorStub(object):
         """
         self.Generate = channel.unary_stream(
                 '/specdec.v1.Coordinator/Generate',
-                request_serializer=protos_dot_specdec_dot_v1_dot_coordinator__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=protos_dot_specdec_dot_v1_dot_coordinator__pb2.GenerateResponse.FromString,
+                request_serializer=specdec_dot_v1_dot_coordinator__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_coordinator__pb2.GenerateResponse.FromString,
                 _registered_method=True)
         self.GetStats = channel.unary_unary(
                 '/specdec.v1.Coordinator/GetStats',
-                request_serializer=protos_dot_specdec_dot_v1_dot_coordinator__pb2.StatsRequest.SerializeToString,
-                response_deserializer=protos_dot_specdec_dot_v1_dot_coordinator__pb2.SpecDecodeStats.FromString,
+                request_serializer=specdec_dot_v1_dot_coordinator__pb2.StatsRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_coordinator__pb2.SpecDecodeStats.FromString,
                 _registered_method=True)
 
 
@@ -70,13 +70,13 @@ def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
-                    request_deserializer=protos_dot_specdec_dot_v1_dot_coordinator__pb2.GenerateRequest.FromString,
-                    response_serializer=protos_dot_specdec_dot_v1_dot_coordinator__pb2.GenerateResponse.SerializeToString,
+                    request_deserializer=specdec_dot_v1_dot_coordinator__pb2.GenerateRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_coordinator__pb2.GenerateResponse.SerializeToString,
             ),
             'GetStats': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStats,
-                    request_deserializer=protos_dot_specdec_dot_v1_dot_coordinator__pb2.StatsRequest.FromString,
-                    response_serializer=protos_dot_specdec_dot_v1_dot_coordinator__pb2.SpecDecodeStats.SerializeToString,
+                    request_deserializer=specdec_dot_v1_dot_coordinator__pb2.StatsRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_coordinator__pb2.SpecDecodeStats.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -105,8 +105,8 @@ class Coordinator(object):
             request,
             target,
             '/specdec.v1.Coordinator/Generate',
-            protos_dot_specdec_dot_v1_dot_coordinator__pb2.GenerateRequest.SerializeToString,
-            protos_dot_specdec_dot_v1_dot_coordinator__pb2.GenerateResponse.FromString,
+            specdec_dot_v1_dot_coordinator__pb2.GenerateRequest.SerializeToString,
+            specdec_dot_v1_dot_coordinator__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -132,8 +132,8 @@ class Coordinator(object):
             request,
             target,
             '/specdec.v1.Coordinator/GetStats',
-            protos_dot_specdec_dot_v1_dot_coordinator__pb2.StatsRequest.SerializeToString,
-            protos_dot_specdec_dot_v1_dot_coordinator__pb2.SpecDecodeStats.FromString,
+            specdec_dot_v1_dot_coordinator__pb2.StatsRequest.SerializeToString,
+            specdec_dot_v1_dot_coordinator__pb2.SpecDecodeStats.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,8 +3,8 @@
 import grpc
 import warnings
 
-from protos.specdec.v1 import common_pb2 as protos_dot_specdec_dot_v1_dot_common__pb2
-from protos.specdec.v1 import draft_pb2 as protos_dot_specdec_dot_v1_dot_draft__pb2
+from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
+from specdec.v1 import draft_pb2 as specdec_dot_v1_dot_draft__pb2
 
 GRPC_GENERATED_VERSION = '1.76.0'
 GRPC_VERSION = grpc.__version__
@@ -19,7 +19,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/specdec/v1/draft_pb2_grpc.py depends on'
+        + ' but the generated code in specdec/v1/draft_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -39,23 +39,23 @@ class DraftServiceStub(object):
         """
         self.Step = channel.unary_unary(
                 '/specdec.v1.DraftService/Step',
-                request_serializer=protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepRequest.SerializeToString,
-                response_deserializer=protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepResponse.FromString,
+                request_serializer=specdec_dot_v1_dot_draft__pb2.DraftStepRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_draft__pb2.DraftStepResponse.FromString,
                 _registered_method=True)
         self.StepStream = channel.stream_stream(
                 '/specdec.v1.DraftService/StepStream',
-                request_serializer=protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepRequest.SerializeToString,
-                response_deserializer=protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepReply.FromString,
+                request_serializer=specdec_dot_v1_dot_draft__pb2.DraftStepRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_draft__pb2.DraftStepReply.FromString,
                 _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specdec.v1.DraftService/Release',
-                request_serializer=protos_dot_specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
-                response_deserializer=protos_dot_specdec_dot_v1_dot_common__pb2.ReleaseResponse.FromString,
+                request_serializer=specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_common__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
         self.GetInfo = channel.unary_unary(
                 '/specdec.v1.DraftService/GetInfo',
-                request_serializer=protos_dot_specdec_dot_v1_dot_common__pb2.InfoRequest.SerializeToString,
-                response_deserializer=protos_dot_specdec_dot_v1_dot_common__pb2.ModelInfo.FromString,
+                request_serializer=specdec_dot_v1_dot_common__pb2.InfoRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_common__pb2.ModelInfo.FromString,
                 _registered_method=True)
 
 
@@ -96,23 +96,23 @@ def add_DraftServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Step': grpc.unary_unary_rpc_method_handler(
                     servicer.Step,
-                    request_deserializer=protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepRequest.FromString,
-                    response_serializer=protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepResponse.SerializeToString,
+                    request_deserializer=specdec_dot_v1_dot_draft__pb2.DraftStepRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_draft__pb2.DraftStepResponse.SerializeToString,
             ),
             'StepStream': grpc.stream_stream_rpc_method_handler(
                     servicer.StepStream,
-                    request_deserializer=protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepRequest.FromString,
-                    response_serializer=protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepReply.SerializeToString,
+                    request_deserializer=specdec_dot_v1_dot_draft__pb2.DraftStepRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_draft__pb2.DraftStepReply.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
-                    request_deserializer=protos_dot_specdec_dot_v1_dot_common__pb2.ReleaseRequest.FromString,
-                    response_serializer=protos_dot_specdec_dot_v1_dot_common__pb2.ReleaseResponse.SerializeToString,
+                    request_deserializer=specdec_dot_v1_dot_common__pb2.ReleaseRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_common__pb2.ReleaseResponse.SerializeToString,
             ),
             'GetInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetInfo,
-                    request_deserializer=protos_dot_specdec_dot_v1_dot_common__pb2.InfoRequest.FromString,
-                    response_serializer=protos_dot_specdec_dot_v1_dot_common__pb2.ModelInfo.SerializeToString,
+                    request_deserializer=specdec_dot_v1_dot_common__pb2.InfoRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_common__pb2.ModelInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -142,8 +142,8 @@ class DraftService(object):
             request,
             target,
             '/specdec.v1.DraftService/Step',
-            protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepRequest.SerializeToString,
-            protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepResponse.FromString,
+            specdec_dot_v1_dot_draft__pb2.DraftStepRequest.SerializeToString,
+            specdec_dot_v1_dot_draft__pb2.DraftStepResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -169,8 +169,8 @@ class DraftService(object):
             request_iterator,
             target,
             '/specdec.v1.DraftService/StepStream',
-            protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepRequest.SerializeToString,
-            protos_dot_specdec_dot_v1_dot_draft__pb2.DraftStepReply.FromString,
+            specdec_dot_v1_dot_draft__pb2.DraftStepRequest.SerializeToString,
+            specdec_dot_v1_dot_draft__pb2.DraftStepReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -196,8 +196,8 @@ class DraftService(object):
             request,
             target,
             '/specdec.v1.DraftService/Release',
-            protos_dot_specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
-            protos_dot_specdec_dot_v1_dot_common__pb2.ReleaseResponse.FromString,
+            specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
+            specdec_dot_v1_dot_common__pb2.ReleaseResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -223,8 +223,8 @@ class DraftService(object):
             request,
             target,
             '/specdec.v1.DraftService/GetInfo',
-            protos_dot_specdec_dot_v1_dot_common__pb2.InfoRequest.SerializeToString,
-            protos_dot_specdec_dot_v1_dot_common__pb2.ModelInfo.FromString,
+            specdec_dot_v1_dot_common__pb2.InfoRequest.SerializeToString,
+            specdec_dot_v1_dot_common__pb2.ModelInfo.FromString,
             options,
             channel_credentials,
             insecure,

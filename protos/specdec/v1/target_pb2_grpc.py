@@ -3,8 +3,8 @@
 import grpc
 import warnings
 
-from protos.specdec.v1 import common_pb2 as protos_dot_specdec_dot_v1_dot_common__pb2
-from protos.specdec.v1 import target_pb2 as protos_dot_specdec_dot_v1_dot_target__pb2
+from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
+from specdec.v1 import target_pb2 as specdec_dot_v1_dot_target__pb2
 
 GRPC_GENERATED_VERSION = '1.76.0'
 GRPC_VERSION = grpc.__version__
@@ -19,7 +19,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/specdec/v1/target_pb2_grpc.py depends on'
+        + ' but the generated code in specdec/v1/target_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -40,28 +40,28 @@ class TargetServiceStub(object):
         """
         self.Verify = channel.unary_unary(
                 '/specdec.v1.TargetService/Verify',
-                request_serializer=protos_dot_specdec_dot_v1_dot_target__pb2.VerifyRequest.SerializeToString,
-                response_deserializer=protos_dot_specdec_dot_v1_dot_target__pb2.VerifyResponse.FromString,
+                request_serializer=specdec_dot_v1_dot_target__pb2.VerifyRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_target__pb2.VerifyResponse.FromString,
                 _registered_method=True)
         self.VerifyStream = channel.stream_stream(
                 '/specdec.v1.TargetService/VerifyStream',
-                request_serializer=protos_dot_specdec_dot_v1_dot_target__pb2.VerifyRequest.SerializeToString,
-                response_deserializer=protos_dot_specdec_dot_v1_dot_target__pb2.VerifyReply.FromString,
+                request_serializer=specdec_dot_v1_dot_target__pb2.VerifyRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_target__pb2.VerifyReply.FromString,
                 _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specdec.v1.TargetService/Release',
-                request_serializer=protos_dot_specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
-                response_deserializer=protos_dot_specdec_dot_v1_dot_common__pb2.ReleaseResponse.FromString,
+                request_serializer=specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_common__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
         self.GetInfo = channel.unary_unary(
                 '/specdec.v1.TargetService/GetInfo',
-                request_serializer=protos_dot_specdec_dot_v1_dot_common__pb2.InfoRequest.SerializeToString,
-                response_deserializer=protos_dot_specdec_dot_v1_dot_common__pb2.ModelInfo.FromString,
+                request_serializer=specdec_dot_v1_dot_common__pb2.InfoRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_common__pb2.ModelInfo.FromString,
                 _registered_method=True)
         self.EndBurst = channel.unary_unary(
                 '/specdec.v1.TargetService/EndBurst',
-                request_serializer=protos_dot_specdec_dot_v1_dot_target__pb2.EndBurstRequest.SerializeToString,
-                response_deserializer=protos_dot_specdec_dot_v1_dot_target__pb2.EndBurstResponse.FromString,
+                request_serializer=specdec_dot_v1_dot_target__pb2.EndBurstRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_target__pb2.EndBurstResponse.FromString,
                 _registered_method=True)
 
 
@@ -110,28 +110,28 @@ def add_TargetServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Verify': grpc.unary_unary_rpc_method_handler(
                     servicer.Verify,
-                    request_deserializer=protos_dot_specdec_dot_v1_dot_target__pb2.VerifyRequest.FromString,
-                    response_serializer=protos_dot_specdec_dot_v1_dot_target__pb2.VerifyResponse.SerializeToString,
+                    request_deserializer=specdec_dot_v1_dot_target__pb2.VerifyRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_target__pb2.VerifyResponse.SerializeToString,
             ),
             'VerifyStream': grpc.stream_stream_rpc_method_handler(
                     servicer.VerifyStream,
-                    request_deserializer=protos_dot_specdec_dot_v1_dot_target__pb2.VerifyRequest.FromString,
-                    response_serializer=protos_dot_specdec_dot_v1_dot_target__pb2.VerifyReply.SerializeToString,
+                    request_deserializer=specdec_dot_v1_dot_target__pb2.VerifyRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_target__pb2.VerifyReply.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
-                    request_deserializer=protos_dot_specdec_dot_v1_dot_common__pb2.ReleaseRequest.FromString,
-                    response_serializer=protos_dot_specdec_dot_v1_dot_common__pb2.ReleaseResponse.SerializeToString,
+                    request_deserializer=specdec_dot_v1_dot_common__pb2.ReleaseRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_common__pb2.ReleaseResponse.SerializeToString,
             ),
             'GetInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetInfo,
-                    request_deserializer=protos_dot_specdec_dot_v1_dot_common__pb2.InfoRequest.FromString,
-                    response_serializer=protos_dot_specdec_dot_v1_dot_common__pb2.ModelInfo.SerializeToString,
+                    request_deserializer=specdec_dot_v1_dot_common__pb2.InfoRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_common__pb2.ModelInfo.SerializeToString,
             ),
             'EndBurst': grpc.unary_unary_rpc_method_handler(
                     servicer.EndBurst,
-                    request_deserializer=protos_dot_specdec_dot_v1_dot_target__pb2.EndBurstRequest.FromString,
-                    response_serializer=protos_dot_specdec_dot_v1_dot_target__pb2.EndBurstResponse.SerializeToString,
+                    request_deserializer=specdec_dot_v1_dot_target__pb2.EndBurstRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_target__pb2.EndBurstResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -162,8 +162,8 @@ class TargetService(object):
             request,
             target,
             '/specdec.v1.TargetService/Verify',
-            protos_dot_specdec_dot_v1_dot_target__pb2.VerifyRequest.SerializeToString,
-            protos_dot_specdec_dot_v1_dot_target__pb2.VerifyResponse.FromString,
+            specdec_dot_v1_dot_target__pb2.VerifyRequest.SerializeToString,
+            specdec_dot_v1_dot_target__pb2.VerifyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -189,8 +189,8 @@ class TargetService(object):
             request_iterator,
             target,
             '/specdec.v1.TargetService/VerifyStream',
-            protos_dot_specdec_dot_v1_dot_target__pb2.VerifyRequest.SerializeToString,
-            protos_dot_specdec_dot_v1_dot_target__pb2.VerifyReply.FromString,
+            specdec_dot_v1_dot_target__pb2.VerifyRequest.SerializeToString,
+            specdec_dot_v1_dot_target__pb2.VerifyReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -216,8 +216,8 @@ class TargetService(object):
             request,
             target,
             '/specdec.v1.TargetService/Release',
-            protos_dot_specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
-            protos_dot_specdec_dot_v1_dot_common__pb2.ReleaseResponse.FromString,
+            specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
+            specdec_dot_v1_dot_common__pb2.ReleaseResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -243,8 +243,8 @@ class TargetService(object):
             request,
             target,
             '/specdec.v1.TargetService/GetInfo',
-            protos_dot_specdec_dot_v1_dot_common__pb2.InfoRequest.SerializeToString,
-            protos_dot_specdec_dot_v1_dot_common__pb2.ModelInfo.FromString,
+            specdec_dot_v1_dot_common__pb2.InfoRequest.SerializeToString,
+            specdec_dot_v1_dot_common__pb2.ModelInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -270,8 +270,8 @@ class TargetService(object):
             request,
             target,
             '/specdec.v1.TargetService/EndBurst',
-            protos_dot_specdec_dot_v1_dot_target__pb2.EndBurstRequest.SerializeToString,
-            protos_dot_specdec_dot_v1_dot_target__pb2.EndBurstResponse.FromString,
+            specdec_dot_v1_dot_target__pb2.EndBurstRequest.SerializeToString,
+            specdec_dot_v1_dot_target__pb2.EndBurstResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,95 @@
+"""The checks every public API makes before a request enters the engine.
+
+Every value is checked here, ranges included, so nothing a client sends can fail inside a
+step, where it would take the requests batched beside it down too."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from specdec.coordinator.engine.core import ModelLimits
+from specdec.coordinator.engine.errors import InvalidRequest
+from specdec.coordinator.engine.request import MIN_SAMPLING_TEMPERATURE, Request, SamplingParams
+
+MAX_SEED = 2**64 - 1  # the services' seed is a uint64 (common.proto)
+MAX_REQUEST_ID_CHARS = 256
+
+
+def checked_request(
+    request_id: str,
+    prompt_ids: list[int],
+    limits: ModelLimits,
+    *,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    seed: int | None,
+    max_tokens: int | None,
+    stop_token_ids: Iterable[int] = (),
+    ignore_eos: bool = False,
+    k_cap: int | None = None,
+    scope: str = "",
+) -> Request:
+    """A `Request`, or InvalidRequest saying which value is wrong and what would fit.
+    Within the engine the request is ``scope/request_id``, apart from other callers'.
+
+    ``top_p`` 0 and ``max_tokens`` None or 0 mean unset (the rest of the context)."""
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidRequest(
+            f"request_id has {len(request_id)} characters; at most {MAX_REQUEST_ID_CHARS}"
+        )
+    if not prompt_ids:
+        raise InvalidRequest("empty prompt")
+    too_big = next((t for t in prompt_ids if not 0 <= t < limits.vocab_size), None)
+    if too_big is not None:
+        raise InvalidRequest(f"token id {too_big} is out of range (vocab size {limits.vocab_size})")
+    stop_token_ids = frozenset(stop_token_ids)
+    outside = sorted(t for t in stop_token_ids if not 0 <= t < limits.vocab_size)
+    if outside:
+        raise InvalidRequest(
+            f"stop_token_ids {outside} are out of range (vocab size {limits.vocab_size})"
+        )
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise InvalidRequest(f"seed must be an integer in [0, 2^64 - 1], got {seed}")
+    if max_tokens is not None and max_tokens < 0:
+        raise InvalidRequest(f"max_tokens must be >= 0 (0 = unset), got {max_tokens}")
+    if k_cap is not None and k_cap < 0:
+        raise InvalidRequest(f"num_speculative_tokens must be >= 0, got {k_cap}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise InvalidRequest(
+            f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}"
+        )
+    top_p = top_p if top_p != 0 else 1.0
+    if math.isnan(top_p) or not 0 < top_p <= 1:
+        raise InvalidRequest(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise InvalidRequest(f"top_k must be >= 0 (0 = off), got {top_k}")
+    num_prompt = len(prompt_ids)
+    room = limits.max_model_len - num_prompt
+    if room < 1:
+        raise InvalidRequest(
+            f"prompt has {num_prompt} tokens; max_model_len is {limits.max_model_len}"
+        )
+    max_tokens = max_tokens or room
+    if max_tokens > room:
+        raise InvalidRequest(
+            f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) exceeds max_model_len "
+            f"({limits.max_model_len}); lower max_tokens to at most {room}"
+        )
+    return Request(
+        request_id=f"{scope}/{request_id}" if scope else request_id,
+        client_request_id=request_id,
+        prompt_ids=prompt_ids,
+        sampling=SamplingParams(
+            # As in vLLM, temperatures too small to divide logits by safely are greedy.
+            temperature=temperature if temperature >= MIN_SAMPLING_TEMPERATURE else 0.0,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+        ),
+        max_tokens=max_tokens,
+        stop_token_ids=stop_token_ids,
+        ignore_eos=ignore_eos,
+        k_cap=k_cap,
+    )

@@ -1,0 +1,774 @@
+"""The step loop: schedule, draft Step (ingest + propose), target Verify, commit, stream.
+
+The engine owns the committed logs and talks to the services through their async stubs
+(`Step`/`Verify`/`Release` taking `timeout=` and `metadata=`), so tests can pass fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2
+from opentelemetry import trace
+
+from specdec.coordinator.engine.config import CoordinatorConfig
+from specdec.coordinator.engine.draft_breaker import DraftBreaker
+from specdec.coordinator.engine.errors import (
+    Cancelled,
+    InvalidRequest,
+    NotReady,
+    ResourceExhausted,
+    ServiceError,
+    SpecDecError,
+)
+from specdec.coordinator.engine.kv_pool import KVPool
+from specdec.coordinator.engine.messages import (
+    Proposals,
+    checked_proposal,
+    draft_step_request,
+    sampling_pb,
+    valid_proposals,
+    verify_request,
+)
+from specdec.coordinator.engine.metrics import Metrics
+from specdec.coordinator.engine.request import AheadProposal, Request, RequestOutput, RequestStatus
+from specdec.coordinator.engine.scheduler import DecodeEntry, IngestPlan, Scheduler, StepPlan
+from specdec.coordinator.engine.stats import SpecStats
+from specdec.telemetry.tracing import grpc_metadata
+from specdec.v1 import common_pb2, target_pb2
+
+logger = logging.getLogger(__name__)
+tracer = trace.get_tracer("specdec.coordinator")
+
+_RELEASE_TIMEOUT = 5.0
+_POOL_REFRESH_S = 0.05  # while requests wait for KV pages: how often to ask for free pages
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What the services reported at startup, pinned for the coordinator's lifetime."""
+
+    vocab_size: int
+    max_model_len: int
+    eos_token_ids: frozenset[int]
+    draft_kv_scales: common_pb2.KVScaleTable
+    target_kv_scales: common_pb2.KVScaleTable | None = None
+    # Each service's KV pool as it reported it at start (None: not reported, not counted).
+    target_kv: KVPool | None = None
+    draft_kv: KVPool | None = None
+
+
+T = TypeVar("T")
+
+
+async def _timed(call: Awaitable[T]) -> tuple[T, float]:
+    """The call's result and its wall time in seconds."""
+    start = time.monotonic()
+    result = await call
+    return result, time.monotonic() - start
+
+
+def _status_of(e: BaseException) -> tuple[str, str]:
+    """(status code name, details) of a failed RPC."""
+    if isinstance(e, grpc.RpcError) and hasattr(e, "code"):
+        code = e.code()
+        details = e.details() if hasattr(e, "details") else str(e)
+        return (code.name if code is not None else "UNKNOWN"), details or ""
+    if isinstance(e, asyncio.TimeoutError):
+        return "DEADLINE_EXCEEDED", "deadline exceeded"
+    return "INTERNAL", repr(e)
+
+
+async def _await(call: Awaitable[Any]) -> Any:
+    return await call
+
+
+class Engine:
+    """Runs steps while there is work. Requests enter with `add_request` and leave by
+    finishing, failing (their queue gets the error) or `abort`; every departed request is
+    released on both services before the next step. `draft` None serves target-only.
+    """
+
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        draft: Any | None,
+        target: Any,
+        limits: ModelLimits,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.config = config
+        self.draft = draft
+        self.target = target
+        self.limits = limits
+        self.metrics = metrics
+        self.scheduler = Scheduler(
+            config.speculative,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=limits.max_model_len,
+            max_queue_len=config.max_queue_len,
+            num_scheduler_steps=config.num_scheduler_steps,
+            target_pool=copy.copy(limits.target_kv),
+            draft_pool=copy.copy(limits.draft_kv) if draft is not None else None,
+        )
+        self._pools_checked = 0.0  # when the pools were last asked for their free pages
+        self._burst: int | None = None  # the multi-step burst the target runs now (step id)
+        self.requests: dict[str, Request] = {}
+        self.totals = SpecStats()
+        self._verify_seconds: float | None = None  # batch-1 verify wall time, smoothed
+        self.draining = False
+        self.target_available = True  # kept by `watch_target`; False refuses new requests
+        self._pending_release: list[str] = []
+        self._draft_orphans: list[str] = []  # departed while the draft was down
+        self.draft_breaker = DraftBreaker(
+            self._probe_draft, config.draft_retry_interval, config.draft_max_retry_interval
+        )
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="engine")
+
+    async def stop(self) -> None:
+        """Fails what is left, then releases everything departed on both services before
+        returning (each release bounded by its timeout): a stopping coordinator leaves no
+        KV held, even of requests that finished just before."""
+        await self.draft_breaker.stop()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for request in list(self.requests.values()):
+            self._finish(request, error=NotReady("coordinator is shutting down"))
+        await self._flush_releases()
+        if self.draft is not None and self._draft_orphans:
+            # Released while the draft was down: one last try, in case it is back.
+            ids, self._draft_orphans = self._draft_orphans, []
+            await self._release(self.draft, ids, self.config.draft_timeout)
+
+    def add_request(self, request: Request) -> None:
+        if self.draining:
+            raise NotReady("coordinator is draining; send the request to another replica")
+        if not self.target_available:
+            raise NotReady(
+                "the target service is not answering; retry once the coordinator's health "
+                "reports SERVING"
+            )
+        if request.request_id in self.requests:
+            raise InvalidRequest(f"request_id {request.client_request_id!r} is already in flight")
+        try:
+            request.sampling_message = sampling_pb(request.sampling)
+        except (ValueError, TypeError) as e:
+            raise InvalidRequest(f"sampling parameters: {e}") from None
+        self._check_fits(request)
+        request.arrival_time = time.monotonic()
+        self.scheduler.add(request)
+        self.requests[request.request_id] = request
+        self._wakeup.set()
+        if self._burst is not None:
+            asyncio.get_running_loop().create_task(self._end_burst(self._burst))
+            self._burst = None  # once per burst
+
+    def _check_fits(self, request: Request) -> None:
+        """ResourceExhausted for a request that alone could never fit a service's KV pool:
+        its prompt and max_tokens (and on the draft, the tokens it proposes past them)."""
+        most = request.num_prompt_tokens + request.max_tokens
+        lookahead = self.scheduler.max_lookahead()
+        for pool, extra in (
+            (self.scheduler.target_pool, 0),
+            (self.scheduler.draft_pool, lookahead),
+        ):
+            if pool is None or pool.pages(most + extra) <= pool.num_pages:
+                continue
+            raise ResourceExhausted(
+                f"the request needs up to {most + extra} tokens of KV cache on the {pool.name} "
+                f"(a {request.num_prompt_tokens}-token prompt + max_tokens "
+                f"{request.max_tokens}{f' + {extra} drafted ahead' if extra else ''}) but that "
+                f"service's whole KV cache holds {pool.num_tokens} tokens; lower max_tokens "
+                f"or the prompt, or give the {pool.name} service more KV memory "
+                f"(--kv-cache-memory)"
+            )
+
+    def abort(self, request_id: str, reason: str = "the client cancelled it") -> bool:
+        """Drops a request; its KV is released on both sides, and its stream (if it still
+        listens) ends with CANCELLED saying ``reason``. False when no such request runs."""
+        request = self.requests.get(request_id)
+        if request is None or request.is_done:
+            return False
+        self._finish(
+            request,
+            error=Cancelled(f"request {request.client_request_id!r} was aborted: {reason}"),
+            status=RequestStatus.ABORTED,
+        )
+        return True
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.requests)
+
+    # ---- the loop --------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            await self._flush_releases()
+            if not self.scheduler.has_work():
+                self._wakeup.clear()
+                if not self._pending_release:
+                    await self._wakeup.wait()
+                continue
+            start = time.monotonic()
+            try:
+                ran = await self.step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a bug: fail what was running, keep serving
+                logger.exception("step failed")
+                for request in list(self.scheduler.running):
+                    self._finish(request, error=SpecDecError(f"internal error in step: {e!r}"))
+                ran = True
+            self.totals.step_seconds += time.monotonic() - start
+            if self.metrics is not None:
+                self.metrics.step_duration.observe(time.monotonic() - start)
+                self.metrics.num_requests_running.set(len(self.scheduler.running))
+                self.metrics.num_requests_waiting.set(len(self.scheduler.waiting))
+            # Let Generate handlers run between steps even when the stubs answer at once.
+            await asyncio.sleep(0 if ran else 0.001)
+
+    async def step(self) -> bool:
+        """Runs one step; False when nothing could be scheduled."""
+        if self.config.draft_rebuild_every_step:
+            for request in self.scheduler.running:
+                request.num_draft_cached = None
+        draft_available = self.draft is not None and self.draft_breaker.closed
+        plan = self.scheduler.schedule(draft_available=draft_available)
+        while plan is not None and plan.preempted:
+            await self._release_preempted(plan.preempted)
+            plan = self.scheduler.schedule(draft_available=draft_available)
+        if plan is None:
+            if self.scheduler.waiting:
+                await self._refresh_pools()  # waiting for pages other callers may free
+            return False
+        self.totals.num_steps += 1
+        if self.metrics is not None:
+            self.metrics.num_steps.inc()
+        links = [
+            trace.Link(r.span_context)
+            for r in plan.requests
+            if isinstance(r.span_context, trace.SpanContext)
+        ]
+        with tracer.start_as_current_span("specdec.step", links=links) as span:
+            span.set_attribute("specdec.step_id", plan.step_id)
+            span.set_attribute("specdec.batch_size", plan.batch_size)
+            span.set_attribute("specdec.k", plan.k)
+            span.set_attribute("specdec.num_steps", plan.num_steps)
+            span.set_attribute("specdec.num_prefill_chunks", len(plan.prefills))
+            span.set_attribute("specdec.num_ingest_plans", len(plan.ingest))
+            metadata = grpc_metadata()
+            if plan.propose:
+                proposals, results = await self._propose_and_verify(plan, metadata)
+            else:
+                # Nothing to propose (K = 0): the draft only ingests, which the target does
+                # not wait for, so both run at once and K = 0 costs no draft latency.
+                proposals = {}
+                _, results = await asyncio.gather(
+                    self._draft_step(plan, metadata, plan.ingest, []),
+                    self._verify(plan, proposals, metadata),
+                )
+            span.set_attribute("specdec.num_proposed", sum(len(p) for p in proposals.values()))
+            if results is not None:
+                span.set_attribute("specdec.accepted", self._commit(plan, proposals, results))
+        return True
+
+    # ---- draft -----------------------------------------------------------------------
+
+    async def _propose_and_verify(
+        self, plan: StepPlan, metadata: tuple[tuple[str, str], ...]
+    ) -> tuple[Proposals, dict[str, target_pb2.VerifyResult] | None]:
+        """Draft, then verify. Pipelined, a request whose proposals the draft prepared
+        during the previous verify (and whose commit matched what they assumed) skips the
+        draft call; the others draft first; then, while the target verifies, the draft
+        ingests the rest and proposes for the next step, assuming this one's proposals are
+        all accepted. It does so only for requests whose last verify accepted everything
+        and whose proposals now run to their K: on a 2-core host the two models slow each
+        other when they run at once, so work ahead pays only where it is likely to be used,
+        and a draft cut short by --draft-p-min ended where it was unsure of the next token,
+        the very token work ahead would have to guess."""
+        if self.config.pipeline == "off":
+            proposals = await self._draft_step(plan, metadata, plan.ingest, plan.propose)
+            return proposals, await self._verify(plan, proposals, metadata)
+        proposals = self._take_ahead(plan)
+        fresh = [d for d in plan.propose if d.request.request_id not in proposals]
+        fresh_ids = {d.request.request_id for d in fresh}
+        if fresh:
+            first = [p for p in plan.ingest if p.request.request_id in fresh_ids]
+            proposals.update(await self._draft_step(plan, metadata, first, fresh))
+        verify = self._verify(plan, proposals, metadata)
+        if not self.draft_breaker.closed:
+            return proposals, await verify
+        rest = [p for p in plan.ingest if p.request.request_id not in fresh_ids]
+        # Branches at batch 1, once a verify was timed: within 80 % of its time, so work
+        # ahead never holds up the step.
+        budget = 0.8 * self._verify_seconds if self._verify_seconds else 0.0
+        branches = self.config.pipeline_branches if plan.batch_size == 1 and budget else 1
+        ahead = [
+            d
+            for d in plan.propose
+            if proposals.get(d.request.request_id, ((),))[0]
+            and (
+                (branches > 1 and d.request.sampling.greedy)
+                or (d.request.accepted_all and len(proposals[d.request.request_id][0]) == d.k)
+            )
+        ]
+        draft = self._draft_step(
+            plan, metadata, rest, ahead, proposals, not fresh, branches, budget
+        )
+        _, (results, seconds) = await asyncio.gather(draft, _timed(verify))
+        if plan.batch_size == 1 and proposals:
+            last = self._verify_seconds or seconds
+            self._verify_seconds = 0.7 * last + 0.3 * seconds
+        return proposals, results
+
+    def _take_ahead(self, plan: StepPlan) -> Proposals:
+        """The prepared proposals that hold for this step (of one request's branches, the
+        one whose assumed outcome the commit followed), cut to its K."""
+        out: Proposals = {}
+        for d in plan.propose:
+            request = d.request
+            prepared, request.ahead = request.ahead, []
+            ahead = next((a for a in prepared if a.holds_for(request.token_ids)), None)
+            if ahead is None:
+                continue
+            ids = ahead.token_ids[: d.k]
+            out[request.request_id] = (ids, ahead.draft_probs[: len(ids)])
+            request.stats.num_ahead_used += 1
+            self.totals.num_ahead_used += 1
+            request.stats.num_lookup_drafts += ahead.looked_up
+            self.totals.num_lookup_drafts += ahead.looked_up
+        return out
+
+    def _keep_ahead(self, propose: list[DecodeEntry], response: Any, ahead_of: Proposals) -> None:
+        """Keeps each branch's proposals on its request, with the outcome it assumed: the
+        first ``ahead_accepted`` proposals under verification (all when unset), then the
+        draft's guess of the target's token."""
+        entries, vocab = {d.request.request_id: d for d in propose}, self.limits.vocab_size
+        for p in response.proposals:
+            entry, request = entries.get(p.request_id), self.requests.get(p.request_id)
+            if entry is None or request is None or not p.HasField("guessed_token_id"):
+                continue
+            checked, verified = checked_proposal(entry, p, vocab), ahead_of[p.request_id][0]
+            accepted = p.ahead_accepted if p.HasField("ahead_accepted") else len(verified)
+            if not checked or not checked[0] or p.guessed_token_id >= vocab:
+                continue  # malformed, or nothing to keep
+            if accepted > len(verified):  # a branch past the proposals it was sent
+                continue
+            ids, probs = checked
+            assumed = (*verified[:accepted], p.guessed_token_id)
+            ahead = AheadProposal(request.num_tokens, assumed, ids, probs, p.looked_up)
+            request.ahead.append(ahead)
+            request.stats.num_ahead_proposals += 1
+            self.totals.num_ahead_proposals += 1
+
+    async def _draft_step(
+        self,
+        plan: StepPlan,
+        metadata: tuple[tuple[str, str], ...],
+        ingest: list[IngestPlan],
+        propose: list[DecodeEntry],
+        ahead_of: Proposals | None = None,
+        release: bool = True,
+        branches: int = 1,
+        branch_budget_s: float = 0.0,
+    ) -> Proposals:
+        """Ingests and proposes; returns request id -> (proposal ids, draft probs). With
+        ``ahead_of`` the proposals are for the next step and kept on the requests instead
+        (for ``branches`` outcomes of the verify, greedy requests, as many as fit in
+        ``branch_budget_s``).
+        ``release``: this is the step's first draft call, which releases what the plan
+        (or an earlier failure) says the draft must drop.
+
+        Any failure gives no proposals (K = 0 this step) and marks draft state unknown.
+        """
+        if not ingest and not propose:
+            return {}
+        timeout = self.config.draft_timeout
+        step_requests = {p.request.request_id: p.request for p in ingest}
+        step_requests.update({d.request.request_id: d.request for d in propose})
+        try:
+            release_ids = [r.request_id for r in plan.draft_release] + self._draft_orphans
+            if release and release_ids:
+                await self._call(
+                    self.draft.Release,
+                    common_pb2.ReleaseRequest(request_ids=release_ids),
+                    timeout,
+                    metadata,
+                )
+                self._draft_orphans.clear()
+                for request in plan.draft_release:
+                    request.num_draft_cached = 0
+            message = draft_step_request(
+                plan.step_id,
+                ingest,
+                propose,
+                self.limits.draft_kv_scales,
+                ahead_of,
+                self.config.draft_p_min,
+                self.config.speculative.prompt_lookup,
+                branches,
+                branch_budget_s,
+            )
+            response = await self._call(self.draft.Step, message, timeout, metadata)
+        except (grpc.RpcError, asyncio.TimeoutError) as e:
+            code, details = _status_of(e)
+            if self.metrics is not None:
+                self.metrics.num_draft_failures.inc()
+            if code == "RESOURCE_EXHAUSTED" and self.scheduler.draft_pool is not None:
+                # Out of pages, refused before anything changed: no proposals this step,
+                # and the next plan preempts to fit in what is free.
+                logger.warning("draft out of KV pages in step %d: %s", plan.step_id, details)
+                self.scheduler.draft_pool.num_free = 0
+            elif code == "FAILED_PRECONDITION":
+                # Alive but out of sync (wrong start or KV-scale version): rebuild these.
+                logger.warning("draft refused step %d: %s; rebuilding", plan.step_id, details)
+                for request in step_requests.values():
+                    request.num_draft_cached = None
+            else:
+                logger.warning(
+                    "draft failed step %d (%s: %s); running K=0 and re-syncing later",
+                    plan.step_id,
+                    code,
+                    details,
+                )
+                self._mark_draft_down()
+            return {}
+
+        if response.HasField("num_free_pages"):
+            self._free_pages_reported(self.draft, response.num_free_pages)
+        for p in ingest:
+            p.request.stats.num_ingest_plans += 1
+        self.totals.num_ingest_plans += len(ingest)
+        if self.metrics is not None:
+            self.metrics.num_ingest_plans.inc(len(ingest))
+        for refused in response.failed:  # alone: no proposals for it, rebuilt from the log
+            logger.warning(
+                "draft refused request %s in step %d (%s: %s); rebuilding it",
+                refused.request_id,
+                plan.step_id,
+                refused.code,
+                refused.message,
+            )
+        reported = {c.request_id: c.num_cached_tokens for c in response.cached}
+        for request_id, request in step_requests.items():
+            held = reported.get(request_id)
+            if held is None or held > request.num_tokens:
+                if held is not None:
+                    logger.error(
+                        "invariant: draft holds %d tokens of %s, committed %d; rebuilding",
+                        held,
+                        request_id,
+                        request.num_tokens,
+                    )
+                request.num_draft_cached = None
+            else:
+                request.num_draft_cached = held
+        if ahead_of is not None:
+            self._keep_ahead(propose, response, ahead_of)
+            return {}
+        proposals = valid_proposals(propose, response, self.limits.vocab_size)
+        for p in response.proposals:
+            if p.looked_up and p.request_id in proposals:
+                self.requests[p.request_id].stats.num_lookup_drafts += 1
+                self.totals.num_lookup_drafts += 1
+        return proposals
+
+    def _mark_draft_down(self) -> None:
+        """Runs K = 0 until the draft answers a probe; what it held is unknown from now on."""
+        self.draft_breaker.trip()
+        for request in self.scheduler.running:
+            request.num_draft_cached = None
+
+    async def _probe_draft(self) -> None:
+        timeout = self.config.draft_timeout
+        await self._call(self.draft.GetInfo, common_pb2.InfoRequest(), timeout, grpc_metadata())
+
+    # ---- target ----------------------------------------------------------------------
+
+    async def _verify(
+        self,
+        plan: StepPlan,
+        proposals: Proposals,
+        metadata: tuple[tuple[str, str], ...],
+    ) -> dict[str, target_pb2.VerifyResult] | None:
+        message = verify_request(plan, proposals, self.limits.eos_token_ids)
+        if plan.num_steps > 1:
+            self._burst = plan.step_id  # a request arriving meanwhile ends it early
+        try:
+            response = await self._call(
+                self.target.Verify, message, self.config.target_timeout, metadata
+            )
+        except (grpc.RpcError, asyncio.TimeoutError) as e:
+            code, details = _status_of(e)
+            logger.warning("target failed step %d (%s: %s)", plan.step_id, code, details)
+            if code == "RESOURCE_EXHAUSTED" and self.scheduler.target_pool is not None:
+                # Out of pages (another caller took them): the step changed nothing on the
+                # target; the next plan preempts to fit in what is free.
+                self.scheduler.target_pool.num_free = 0
+                return None
+            if code == "UNAVAILABLE":
+                self.target_available = False  # until watch_target hears from it again
+            error = ServiceError(code, f"target service failed ({code}): {details}")
+            for request in plan.requests:
+                self._finish(request, error=error)
+            return None
+        finally:
+            self._burst = None
+        if response.HasField("num_free_pages"):
+            self._free_pages_reported(self.target, response.num_free_pages)
+        return {r.request_id: r for r in response.results}
+
+    async def _end_burst(self, step_id: int) -> None:
+        """Asks the target to end the burst before its next forward: a new arrival's prefill
+        then starts at the next step instead of after every forward of the burst."""
+        with contextlib.suppress(grpc.RpcError, asyncio.TimeoutError):
+            request = target_pb2.EndBurstRequest(step_id=step_id)
+            await self._call(self.target.EndBurst, request, 1.0, grpc_metadata())
+
+    async def watch_target(
+        self, target_health: Any, on_change: Callable[[bool], Awaitable[None]]
+    ) -> None:
+        """Checks the target's gRPC health (``target_health``, a ``grpc.health.v1`` stub)
+        every ``target_probe_interval`` seconds and keeps ``target_available``; calls
+        ``on_change`` when it flips. Health answers beside the model's work, so a long step
+        (a big prefill, a target shared by replicas) does not read as an outage. Runs until
+        cancelled."""
+        request = health_pb2.HealthCheckRequest()  # the server as a whole
+        interval = self.config.target_probe_interval
+        reported = True
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                reply = await self._call(target_health.Check, request, interval, ())
+                available = reply.status == health_pb2.HealthCheckResponse.SERVING
+            except (grpc.RpcError, asyncio.TimeoutError):
+                available = False
+            self.target_available = available
+            if available != reported:
+                logger.warning("target service %s", "is back" if available else "is down")
+                reported = available
+                await on_change(available)
+
+    # ---- commit ----------------------------------------------------------------------
+
+    def _commit(
+        self,
+        plan: StepPlan,
+        proposals: Proposals,
+        results: dict[str, target_pb2.VerifyResult],
+    ) -> int:
+        """Appends what the target emitted, streams it, counts it; returns accepted total."""
+        total_accepted = 0
+        for chunk in plan.prefills:
+            request = chunk.request
+            result = self._result_for(request, results)
+            if result is None:
+                continue
+            request.stats.num_steps += 1
+            end = chunk.start + len(chunk.token_ids)
+            if result.num_cached_tokens != end:
+                self._out_of_sync(request, result.num_cached_tokens, end)
+                continue
+            request.num_target_cached = end
+            cached = result.num_prefix_cached_tokens
+            request.stats.num_cached_tokens += cached
+            self.totals.num_cached_tokens += cached
+            if self.metrics is not None:
+                self.metrics.num_prompt_tokens.inc(len(chunk.token_ids))
+                self.metrics.prefix_cache_queries.inc(len(chunk.token_ids))
+                self.metrics.prefix_cache_hits.inc(cached)
+            if chunk.is_last and not chunk.resumes:
+                self._emit(request, list(result.token_ids), result.num_cached_tokens)
+        for entry in plan.decodes:
+            request = entry.request
+            result = self._result_for(request, results)
+            if result is None:
+                continue
+            request.stats.num_steps += 1
+            num_proposed = len(proposals.get(request.request_id, ((), ()))[0])
+            num_accepted = min(result.num_accepted, num_proposed)
+            forwards = max(len(result.token_ids), 1)  # K = 0 forwards of a multi-step result
+            request.stats.observe_draft(num_proposed, num_accepted, forwards)
+            self.totals.observe_draft(num_proposed, num_accepted, forwards)
+            if self.metrics is not None:
+                self.metrics.observe_draft(num_proposed, num_accepted, forwards)
+            total_accepted += num_accepted
+            request.accepted_all = num_proposed > 0 and num_accepted == num_proposed
+            self._emit(request, list(result.token_ids), result.num_cached_tokens)
+        return total_accepted
+
+    def _result_for(
+        self, request: Request, results: dict[str, target_pb2.VerifyResult]
+    ) -> target_pb2.VerifyResult | None:
+        if request.is_done:  # aborted while the step was in flight
+            return None
+        result = results.get(request.request_id)
+        if result is None:
+            self._finish(
+                request, error=ServiceError("INTERNAL", "target returned no result for request")
+            )
+        elif result.error_code:  # this request failed alone; the step's others go on
+            message = f"the target refused request {request.request_id}: {result.error_message}"
+            self._finish(request, error=ServiceError(result.error_code, message))
+            return None
+        return result
+
+    def _emit(self, request: Request, token_ids: list[int], num_target_cached: int) -> None:
+        committed = request.commit(token_ids, self.limits.eos_token_ids, self.limits.max_model_len)
+        if committed and request.first_token_time is None:
+            request.first_token_time = time.monotonic()
+            if self.metrics is not None:
+                self.metrics.time_to_first_token.observe(
+                    request.first_token_time - request.arrival_time
+                )
+        if self.metrics is not None:
+            self.metrics.num_generation_tokens.inc(len(committed))
+        if request.finish_reason is not None:
+            # The target may hold KV past the stop; the request is released anyway.
+            self._finish(request, tokens=committed, reason=request.finish_reason)
+            return
+        # Target holds every committed token but the last, which the next Verify feeds in.
+        if num_target_cached != request.num_tokens - 1:
+            self._out_of_sync(request, num_target_cached, request.num_tokens - 1)
+            return
+        request.num_target_cached = num_target_cached
+        request.outputs.put_nowait(RequestOutput(committed))
+
+    def _out_of_sync(self, request: Request, held: int, expected: int) -> None:
+        logger.error(
+            "invariant: target holds %d tokens of %s, expected %d (committed %d)",
+            held,
+            request.request_id,
+            expected,
+            request.num_tokens,
+        )
+        self._finish(
+            request,
+            error=ServiceError(
+                "FAILED_PRECONDITION",
+                f"target cache out of sync: holds {held} tokens, expected {expected}",
+            ),
+        )
+
+    def _finish(
+        self,
+        request: Request,
+        *,
+        tokens: list[int] | None = None,
+        reason: str | None = None,
+        error: Exception | None = None,
+        status: RequestStatus | None = None,
+    ) -> None:
+        """Ends a request: tells its stream, unschedules it, queues its release."""
+        if request.is_done:
+            return
+        if status is None:
+            status = RequestStatus.FAILED if error is not None else RequestStatus.FINISHED
+        request.status = status
+        request.finish_reason = reason
+        self.scheduler.remove(request)
+        self.requests.pop(request.request_id, None)
+        self._pending_release.append(request.request_id)
+        self._wakeup.set()
+        request.outputs.put_nowait(RequestOutput(tokens or [], reason, error))
+        if self.metrics is not None:
+            label = reason or ("abort" if status is RequestStatus.ABORTED else "error")
+            self.metrics.num_requests.labels(finished_reason=label).inc()
+            self.metrics.e2e_request_latency.observe(time.monotonic() - request.arrival_time)
+
+    async def _flush_releases(self) -> None:
+        if not self._pending_release:
+            return
+        ids, self._pending_release = self._pending_release, []
+        calls = [self._release(self.target, ids, _RELEASE_TIMEOUT)]
+        if self.draft is not None and self.draft_breaker.closed:
+            calls.append(self._release(self.draft, ids, self.config.draft_timeout))
+        elif self.draft is not None:
+            self._draft_orphans.extend(ids)
+        try:
+            await asyncio.gather(*calls)
+        except asyncio.CancelledError:
+            # Stopped mid-release: `stop` sends them again (releasing twice is harmless).
+            self._pending_release[:0] = ids
+            raise
+
+    async def _release(self, stub: Any, ids: list[str], timeout: float) -> bool:
+        """Releases ``ids`` on the service; False when that failed (on the draft, they are
+        released again once it answers)."""
+        try:
+            reply = await self._call(
+                stub.Release, common_pb2.ReleaseRequest(request_ids=ids), timeout, grpc_metadata()
+            )
+        except (grpc.RpcError, asyncio.TimeoutError) as e:
+            code, details = _status_of(e)
+            logger.warning("release of %d requests failed (%s: %s)", len(ids), code, details)
+            if stub is self.draft:
+                self._draft_orphans.extend(ids)
+                self._mark_draft_down()
+            return False
+        self._free_pages_reported(stub, reply.num_free_pages)
+        return True
+
+    # ---- KV pages ----------------------------------------------------------------------
+
+    def _free_pages_reported(self, stub: Any, num_free: int | None) -> None:
+        """A service's reply told its free pages: the scheduler plans within them."""
+        pool = self.scheduler.target_pool if stub is self.target else self.scheduler.draft_pool
+        if pool is not None and num_free is not None:
+            pool.num_free = num_free
+
+    async def _release_preempted(self, requests: list[Request]) -> None:
+        """Releases what the preempted requests held on both services (they wait, and
+        resume from their logs), before the step is planned again."""
+        ids = [r.request_id for r in requests]
+        self.totals.num_preemptions += len(ids)
+        if self.metrics is not None:
+            self.metrics.num_preemptions.inc(len(ids))
+        logger.info("preempted %d requests to free KV pages: %s", len(ids), ", ".join(ids))
+        calls = [self._release(self.target, ids, _RELEASE_TIMEOUT)]
+        if self.draft is not None and self.draft_breaker.closed:
+            calls.append(self._release(self.draft, ids, self.config.draft_timeout))
+        released = await asyncio.gather(*calls)
+        if len(released) == 2 and released[1]:
+            for request in requests:
+                request.num_draft_cached = 0
+
+    async def _refresh_pools(self) -> None:
+        """Asks both services for their free pages (at most every _POOL_REFRESH_S): requests
+        wait for pages, and other coordinators sharing a service may have freed some."""
+        now = time.monotonic()
+        if now - self._pools_checked < _POOL_REFRESH_S:
+            await asyncio.sleep(_POOL_REFRESH_S)
+            return
+        self._pools_checked = now
+        stubs = [self.target] + ([self.draft] if self.draft is not None else [])
+        for stub in stubs:
+            with contextlib.suppress(grpc.RpcError, asyncio.TimeoutError):
+                info = await self._call(stub.GetInfo, common_pb2.InfoRequest(), 1.0, ())
+                self._free_pages_reported(stub, info.num_free_pages)
+
+    @staticmethod
+    async def _call(method: Any, message: Any, timeout: float, metadata: Any) -> Any:
+        # gRPC's deadline reaches the server; wait_for bounds a stub that ignores it.
+        return await asyncio.wait_for(
+            _await(method(message, timeout=timeout, metadata=metadata)), timeout + 0.5
+        )

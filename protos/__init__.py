@@ -1,1 +1,0 @@
-"""specdec protos."""
