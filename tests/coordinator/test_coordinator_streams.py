@@ -8,7 +8,7 @@ import asyncio
 import grpc
 import pytest
 
-from specdec.coordinator.engine.core import Engine, _status_of
+from specdec.coordinator.engine.core import Engine, status_of
 from specdec.coordinator.engine.step_streams import StepRefused, StreamedStub
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
@@ -111,7 +111,7 @@ def test_a_refused_step_raises_its_status_and_the_stream_goes_on():
     error, after, num_streams = run(scenario)
     assert isinstance(error, grpc.RpcError)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and error.details() == "bad step"
-    assert _status_of(error) == ("INVALID_ARGUMENT", "bad step")  # as the engine reads it
+    assert status_of(error) == ("INVALID_ARGUMENT", "bad step")  # as the engine reads it
     assert after == 14 and num_streams == 1
 
 
@@ -173,4 +173,4 @@ def test_a_stream_that_ended_between_steps_fails_the_next_step_as_unavailable():
         return down.value
 
     error = run(scenario)
-    assert _status_of(error) == ("UNAVAILABLE", "the stream to the service ended between steps")
+    assert status_of(error) == ("UNAVAILABLE", "the stream to the service ended between steps")
