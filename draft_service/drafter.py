@@ -145,10 +145,10 @@ class Drafter:
     """Keeps one draft KV cache per request in sync with the committed log; proposes.
 
     Invariants: for every held request, the runner holds ``num_committed - len(pending) +
-    len(tail)`` tokens; a refused step changes nothing; all ingests of a step are one
-    ``extend``, and each further proposal position is one ``extend`` over every request
-    still proposing, or greedy, the picks after the first one C loop; a greedy step that
-    feeds one token per request runs feed and picks as one C loop.
+    len(tail)`` tokens; a refused step changes nothing; a step feeds and picks in one path
+    (``_feed_and_pick``): all its ingests are one ``extend``, the greedy proposers' picks
+    one ``ModelRunner.greedy_picks`` (the C loop where it runs, hidden behind the runner),
+    and a sampled proposer's each further position one ``extend``.
 
     ``lazy_ingest``: a request that only ingests this step (K = 0) runs no forward, unless
     its plan is ``eager``; its tokens wait in ``pending`` and go into the ingest forward of
@@ -207,10 +207,7 @@ class Drafter:
             except ValueError as e:
                 raise InvalidRequestError(f"kv_scales: {e}") from None
         self._tables[table.version] = table
-        proposals = self._feed_and_pick_in_c(work, table.version)
-        if proposals is None:
-            first_logits = self._ingest(work, table.version)
-            proposals = self._propose([w for w in work.values() if w.num_picks], first_logits)
+        proposals = self._feed_and_pick(work, table.version)
         proposals = [self._look_up_ahead(work[p.request_id], p) for p in proposals]
         looked_up = [w for w in work.values() if w.looked_up]
         proposals += [Proposal(w.request_id, w.looked_up, None, looked_up=True) for w in looked_up]
@@ -407,40 +404,49 @@ class Drafter:
 
     # ---- state changes ---------------------------------------------------------------------
 
-    def _feed_and_pick_in_c(self, work: dict[str, _Work], version: int) -> list[Proposal] | None:
-        """The usual greedy step, a token to feed and then the picks, as ONE C call
-        (``ModelRunner.decode_greedy`` from the fed token: the tokens and KV that ``_ingest``
-        and ``_propose`` give) where every request fed this step is a greedy proposer with
-        one token to feed, all making as many picks under one ``min_prob`` that spares as
-        many (``uncut_picks``). None, with nothing changed, where not."""
-        fed = [w for w in work.values() if w.feed]
-        if not fed or not self.runner.decodes_greedy_in_c:
-            return None
-        picks, min_prob, uncut = fed[0].num_picks, fed[0].min_prob, fed[0].uncut_picks
-        if not all(
-            w.num_picks
-            and len(w.feed) == 1
-            and w.sampling.greedy
-            and (w.num_picks, w.min_prob, w.uncut_picks) == (picks, min_prob, uncut)
-            for w in fed
-        ):
-            return None
-        ids = [w.request_id for w in fed]
+    def _feed_and_pick(self, work: dict[str, _Work], version: int) -> list[Proposal]:
+        """Feed every request its tokens and pick its proposals, in two runner calls for the
+        whole step: one ``extend`` for the tokens fed (a greedy proposer's all but its
+        last, no logits; a sampled one's all, logits at the last), then the greedy
+        proposers' picks from their last fed token (``ModelRunner.greedy_picks``: the C
+        loop where it runs), one call per (picks, ``min_prob``) group. A sampled proposer
+        then picks forward by forward (``_sample_picks``). An ahead request's first pick
+        is its guess (the draft's argmax), never cut by ``min_prob``."""
+        greedy = [w for w in work.values() if w.num_picks and w.feed and w.sampling.greedy]
+        taken = {w.request_id for w in greedy}
+        others = [w for w in work.values() if w.feed and w.request_id not in taken]
+        chunks = [SequenceChunk(w.request_id, w.feed[:-1], 0) for w in greedy]
+        chunks += [SequenceChunk(w.request_id, w.feed, int(w.num_picks > 0)) for w in others]
+        chunks = [c for c in chunks if c.token_ids]
+        groups: dict[tuple[int, float, int], list[_Work]] = {}
+        for w in greedy:
+            groups.setdefault((w.num_picks, w.min_prob, w.uncut_picks), []).append(w)
+        picked: dict[str, list[int]] = {}
         try:
             self._open_and_truncate(work, version)
-            picked = self.runner.decode_greedy(
-                ids, [w.feed[0] for w in fed], picks, min_prob, uncut
-            )
+            logits = self.runner.extend(chunks) if chunks else []
+            for (picks, min_prob, uncut), group in groups.items():
+                ids = [w.request_id for w in group]
+                rows = self.runner.greedy_picks(
+                    ids, [w.feed[-1] for w in group], picks, min_prob, uncut
+                )
+                picked.update(zip(ids, rows, strict=True))
         except BaseException:
-            self.release(list(work))  # truncated sequences cannot be restored: re-sync them
+            # Pages were checked up front, so this is unexpected (a cut into a cached block
+            # another request shares takes a page for its copy); a truncated sequence can
+            # not be restored, so drop them all and let the coordinator re-sync them.
+            self.release(list(work))
             raise
         self._record_ingest(work, version)
         proposals = []
-        for w, tokens in zip(fed, picked, strict=True):
-            self._seqs[w.request_id].tail += tokens[:-1]  # fed: the token, every pick but the last
+        for w in greedy:
+            tokens = picked[w.request_id]
+            self._seqs[w.request_id].tail += tokens[:-1]  # fed: every pick but the last
             guess = tokens.pop(0) if w.ahead_of else None
             proposals.append(Proposal(w.request_id, tokens, None, guess))
-        return proposals
+        first = {c.seq_id: out for c, out in zip(chunks, logits, strict=True) if c.num_logits}
+        sampled = [w for w in others if w.num_picks]
+        return proposals + (self._sample_picks(sampled, first) if sampled else [])
 
     def _open_and_truncate(self, work: dict[str, _Work], version: int) -> None:
         """Opens the new requests' sequences; cuts the others to the KV they keep."""
@@ -463,38 +469,19 @@ class Drafter:
             seq.pending = w.pending
             seq.kv_version = version
 
-    def _ingest(self, work: dict[str, _Work], version: int) -> dict[str, torch.Tensor]:
-        """Truncate, then one ``extend`` for every ingest; logits at each proposer's last
-        committed token."""
-        chunks = [SequenceChunk(w.request_id, w.feed, int(w.num_picks > 0)) for w in work.values()]
-        chunks = [c for c in chunks if c.token_ids]
-        try:
-            self._open_and_truncate(work, version)
-            logits = self.runner.extend(chunks) if chunks else []
-        except BaseException:
-            # Pages were checked up front, so this is unexpected (a cut into a cached block
-            # another request shares takes a page for its copy); a truncated sequence can
-            # not be restored, so drop them all and let the coordinator re-sync them.
-            self.release(list(work))
-            raise
-        self._record_ingest(work, version)
-        return {c.seq_id: out for c, out in zip(chunks, logits, strict=True) if c.num_logits}
-
-    def _propose(self, work: list[_Work], first: dict[str, torch.Tensor]) -> list[Proposal]:
-        """Each further pick is one ``extend`` over the requests still picking. An ahead
-        request's first pick is its guess (the draft's argmax), the rest its proposals. A
-        request stops picking at its first proposal after the first less likely than its
-        ``min_prob``."""
+    def _sample_picks(self, work: list[_Work], first: dict[str, torch.Tensor]) -> list[Proposal]:
+        """Sampled proposals, forward by forward: each further pick is one ``extend`` over
+        the requests still picking. An ahead request's first pick is its guess (the draft's
+        argmax), the rest its proposals. A request stops picking at its first proposal after
+        the first less likely than its ``min_prob``."""
         tokens: dict[str, list[int]] = {w.request_id: [] for w in work}
         probs: dict[str, list[SparseProbs]] = {w.request_id: [] for w in work}
         stopped: set[str] = set()
         logits = first
-        num_picks = max((w.num_picks for w in work), default=0)
+        num_picks = max(w.num_picks for w in work)
         for position in range(num_picks):
             active = [w for w in work if w.num_picks > position and w.request_id not in stopped]
             if not active:
-                break
-            if position == 1 and self._greedy_rest(active, num_picks, tokens):
                 break
             if position > 0:
                 chunks = [SequenceChunk(w.request_id, [tokens[w.request_id][-1]]) for w in active]
@@ -507,13 +494,12 @@ class Drafter:
                     tokens[w.request_id].append(int(logits[w.request_id][-1].argmax()))
                     continue
                 index = position - (1 if w.ahead_of else 0)
-                token, row = self._pick(w, logits[w.request_id], index)
+                token, row = self._sample(w, logits[w.request_id], index)
                 if token is None:
                     stopped.add(w.request_id)
                     continue
                 tokens[w.request_id].append(token)
-                if row is not None:
-                    probs[w.request_id].append(row)
+                probs[w.request_id].append(row)
         proposals = []
         for w in work:
             picked = tokens[w.request_id]
@@ -570,58 +556,21 @@ class Drafter:
         return proposals[::-1]
 
     def _branch_picks(self, w: _Work, guess: int) -> list[int]:
-        """A branch's proposals after its guess, the guess fed first: one C call, the
-        guess then the picks (the first never cut by ``min_prob``), where the runner has
-        the C loop; else a forward for the guess and the picks as ``_propose`` makes them.
-        The sequence's tail gains the fed tokens either way."""
-        rid, seq = w.request_id, self._seqs[w.request_id]
-        picked = self.runner.decode_greedy([rid], [guess], w.num_tokens, w.min_prob, 1)
-        if picked is not None:
-            seq.tail += [guess, *picked[0]][: len(picked[0])]
-            return picked[0]
-        seq.tail.append(guess)
-        first = self.runner.extend([SequenceChunk(rid, [guess])])[0]
-        branch = _Work(rid, num_tokens=w.num_tokens, min_prob=w.min_prob)
-        (proposal,) = self._propose([branch], {rid: first})
-        return proposal.token_ids
+        """A branch's proposals after its guess, the guess fed first (``greedy_picks``; the
+        first pick never cut by ``min_prob``). The sequence's tail gains the fed tokens."""
+        picked = self.runner.greedy_picks([w.request_id], [guess], w.num_tokens, w.min_prob, 1)
+        self._seqs[w.request_id].tail += [guess, *picked[0]][: len(picked[0])]
+        return picked[0]
 
-    def _greedy_rest(
-        self, active: list[_Work], num_picks: int, tokens: dict[str, list[int]]
-    ) -> bool:
-        """Picks 1 onwards in one C call (``ModelRunner.decode_greedy``) when every request
-        still picking is greedy and picks as many; False (nothing done) otherwise."""
-        min_prob, uncut = active[0].min_prob, active[0].uncut_picks
-        if not all(
-            w.sampling.greedy
-            and (w.num_picks, w.min_prob, w.uncut_picks) == (num_picks, min_prob, uncut)
-            for w in active
-        ):
-            return False
-        ids = [w.request_id for w in active]
-        first = [tokens[rid][-1] for rid in ids]
-        rest = self.runner.decode_greedy(ids, first, num_picks - 1, min_prob, uncut - 1)
-        if rest is None:
-            return False
-        for rid, token, picked in zip(ids, first, rest, strict=True):
-            # The sequence holds one more token per pick: the fed token, then the picks.
-            self._seqs[rid].tail += [token, *picked][: len(picked)]
-            tokens[rid] += picked
-        return True
-
-    def _pick(
+    def _sample(
         self, w: _Work, logits: torch.Tensor, index: int
     ) -> tuple[int | None, SparseProbs | None]:
-        """Greedy: argmax. Sampling: a draw from q and q itself, q being the request's
-        distribution cut to its MAX_DRAFT_SUPPORT likeliest tokens (what travels); the draw
-        is keyed by the proposal's absolute position, so a draft rebuilt from the log
-        proposes the same. ``(None, None)`` where q's likeliest token is below
-        ``min_prob`` and it is not the first proposal (``index`` 0): the proposals end here."""
+        """A draw from q and q itself, q being the request's distribution cut to its
+        MAX_DRAFT_SUPPORT likeliest tokens (what travels); the draw is keyed by the
+        proposal's absolute position, so a draft rebuilt from the log proposes the same.
+        ``(None, None)`` where q's likeliest token is below ``min_prob`` and it is not the
+        first proposal (``index`` 0): the proposals end here."""
         cut = w.min_prob if index > 0 else 0.0
-        if w.sampling.greedy:
-            token = int(logits[-1].argmax())
-            if cut and float(torch.softmax(logits[-1].float(), -1)[token]) < cut:
-                return None, None
-            return token, None
         seq = self._seqs[w.request_id]
         if seq.stream is None:
             seq.stream = w.sampling.random_stream(DRAFT_DOMAIN)

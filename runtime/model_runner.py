@@ -280,6 +280,44 @@ class ModelRunner:
         self._record([SequenceChunk(s, [t, *row][:c], 0) for s, t, row, c in rows])
         return [row[:c] for row, c in zip(picks, counts, strict=True)]
 
+    def greedy_picks(
+        self,
+        seq_ids: list[str],
+        tokens: list[int],
+        steps: int,
+        min_prob: float = 0.0,
+        min_prob_from: int = 0,
+    ) -> list[list[int]]:
+        """``decode_greedy``'s picks, from its C loop where it runs, else forward by forward
+        (``extend`` and argmax: the same tokens, and the sequences hold the same ones
+        after). Callers need not know which ran."""
+        picked = self.decode_greedy(seq_ids, tokens, steps, min_prob, min_prob_from)
+        if picked is not None:
+            return picked
+        old_lens = [self.cache.seq_len(s) for s in seq_ids]
+        picks: list[list[int]] = [[] for _ in seq_ids]
+        active, feed = list(range(len(seq_ids))), list(tokens)
+        try:
+            for step in range(steps):
+                chunks = [SequenceChunk(seq_ids[i], [feed[i]]) for i in active]
+                still = []
+                for i, logits in zip(active, self.extend(chunks), strict=True):
+                    token = int(logits[-1].argmax())
+                    if step >= min_prob_from and min_prob > 0:
+                        prob = float(torch.softmax(logits[-1].float(), -1)[token])
+                        if prob < min_prob:
+                            continue  # ends here, keeping the picks before
+                    picks[i].append(token)
+                    feed[i] = token
+                    still.append(i)
+                active = still
+        except BaseException:
+            self._truncate_to(seq_ids, old_lens)
+            raise
+        # As the C loop leaves them: its token, then every pick but the last.
+        self._truncate_to(seq_ids, [n + len(p) for n, p in zip(old_lens, picks, strict=True)])
+        return picks
+
     def _truncate_to(self, seq_ids: list[str], lengths: list[int]) -> None:
         for seq_id, length in zip(seq_ids, lengths, strict=True):
             self.truncate(seq_id, length)

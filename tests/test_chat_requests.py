@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from scripts.chat_requests import KINDS, build_chats, cleaned, near_copy_key
+from chat_requests import KINDS, build_chats, cleaned, near_copy_key
 
 
 class ScriptedWriter:

@@ -3,21 +3,18 @@
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.slow  # starts processes
 
-ROOT = Path(__file__).resolve().parents[2]
 
 # Alternates 2 and 4 threads around small linears. A worker left out of a 2-thread region
 # must never run a share of it late, after the count went up again: that read a returned
 # caller's context (a pool that let it crashed in 6 of 6 runs of this loop, in 3-13 s).
 SWITCHING = textwrap.dedent(
     """
-    import sys, torch
-    sys.path.insert(0, sys.argv[1])
+    import torch
     from specdec.kernels import dense_ops
 
     torch.manual_seed(0)
@@ -37,7 +34,7 @@ SWITCHING = textwrap.dedent(
 def test_changing_the_thread_count_between_regions_is_safe():
     # In a child process: the defect this guards against is a segfault.
     done = subprocess.run(
-        [sys.executable, "-c", SWITCHING, str(ROOT)],
+        [sys.executable, "-c", SWITCHING],
         capture_output=True,
         text=True,
         timeout=300,

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from draft_teacher import Teacher, TeacherSequence, cached_answers, generate, top_k
 from runtime_helpers import greedy, prefill
 from sampling_stats import categorical_fit_pvalue, rank_categories
 
-from scripts.draft_teacher import Teacher, TeacherSequence, cached_answers, generate, top_k
 from specdec.runtime import ModelRunner
 
 PROMPTS = [[5, 17, 42, 99, 3], [7, 8], [200, 11, 12, 13, 14, 15, 16, 30, 31]]

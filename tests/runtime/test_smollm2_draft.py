@@ -12,9 +12,9 @@ import json
 
 import pytest
 import torch
+from fetch_models import DRAFT_DIR, DRAFT_EMBEDDING_FILE, DRAFT_SHARED_FILES, MODEL_DIR
 from runtime_helpers import prefill
 
-from scripts.fetch_models import DRAFT_DIR, DRAFT_EMBEDDING_FILE, DRAFT_SHARED_FILES, MODEL_DIR
 from specdec.runtime import ModelRunner
 
 COMPLETION = {DRAFT_EMBEDDING_FILE, "model.safetensors.index.json", *DRAFT_SHARED_FILES}

@@ -1,7 +1,9 @@
-"""The usual greedy draft step of a decoding request feeds one token (the target's own
-after a rejection, or the last proposal under verification when drafting ahead) and picks
-K: it runs as ONE C call (``decode_greedy`` from the fed token) instead of an ``extend``
-and then the C loop, with the same proposals, guesses and KV, and no ``extend``."""
+"""A greedy draft step feeds and picks in one path: every fed token but a proposer's last
+through ``extend``, then the picks from that last token in one ``greedy_picks`` call. The
+usual step of a decoding request feeds one token (the target's own after a rejection, or
+the last proposal under verification when drafting ahead), so it runs no ``extend`` at
+all. The C loop and the runner's forward-by-forward fallback give the same proposals,
+guesses and KV."""
 
 from __future__ import annotations
 
@@ -13,10 +15,10 @@ K = 4
 OTHER = PROMPT[3:]
 
 
-def make_drafter(make_runner, one_call: bool) -> Drafter:
+def make_drafter(make_runner, c_loop: bool) -> Drafter:
     runner = CountingRunner(make_runner(kv_cache_dtype="auto"))  # the C loop's float32 cache
-    if not one_call:
-        runner.decodes_greedy_in_c = False  # the drafter's check only: picks stay in C
+    if not c_loop:
+        runner.decode_greedy = lambda *args: None  # greedy_picks goes forward by forward
     return Drafter(runner)
 
 
@@ -76,10 +78,10 @@ def run(drafter: Drafter, make_runner) -> list[tuple]:
 
 
 def test_one_token_steps_feed_and_pick_in_one_call_as_extend_and_the_c_loop_do(make_runner):
-    one_call = run(make_drafter(make_runner, one_call=True), make_runner)
-    stepwise = run(make_drafter(make_runner, one_call=False), make_runner)
+    one_call = run(make_drafter(make_runner, c_loop=True), make_runner)
+    stepwise = run(make_drafter(make_runner, c_loop=False), make_runner)
     assert [s[:2] for s in one_call] == [s[:2] for s in stepwise]
     fed = [s[2] for s in one_call]
-    # Only the prompts and a step feeding two tokens go through extend.
-    assert fed == [len(PROMPT) + len(OTHER), 0, 0, 0, 0, 0, 2]
+    # Only the prompts and a step feeding two tokens go through extend, all but the last.
+    assert fed == [len(PROMPT) + len(OTHER) - 2, 0, 0, 0, 0, 0, 1]
     assert all(s[2] > 0 for s in stepwise)
