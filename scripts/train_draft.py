@@ -199,7 +199,9 @@ def teacher_data(
             gen,
         )
         cache.update((tuple(s.token_ids[: s.prompt_len]), s) for s in seqs)
-        torch.save(list(cache.values()), path)
+        partial = path.with_suffix(".partial")
+        torch.save(list(cache.values()), partial)
+        partial.replace(path)  # a run stopped mid-save leaves the last whole cache
         batch_seconds = time.time() - t_batch
         log(f"teacher: {len(cache)} answers cached ({batch_seconds:.0f} s this batch)")
     return [cache[tuple(p)] for p in prompts if tuple(p) in cache]
