@@ -16,7 +16,7 @@ from specdec.kernels.random_stream import DRAFT_DOMAIN, PROPOSE_DRAW, RandomStre
 from specdec.kernels.sampling import SparseProbs
 from specdec.runtime.errors import InvalidRequestError, OutOfSyncError, UnknownRequestError
 from specdec.runtime.kv_scales import KVScaleTable
-from specdec.runtime.model_runner import ModelRunner
+from specdec.runtime.model_runner import ChunkOutput, ModelRunner
 from specdec.runtime.sampling import Sampling
 from specdec.runtime.sequence import SequenceChunk
 
@@ -26,12 +26,15 @@ RESYNC_HINT = "re-sync from the log (release, then ingest from 0)"
 @dataclass(frozen=True)
 class IngestPlan:
     """Committed tokens ``[start_position, start_position + len(token_ids))``; ``eager``:
-    fed this step even with no proposal for the request (it is proposed for next)."""
+    fed this step even with no proposal for the request (it is proposed for next).
+    ``features``: for a draft that reads the target's features, ``[len(token_ids), hidden]``,
+    the target's final hidden state at the position before each token (None: zeros)."""
 
     request_id: str
     start_position: int
     token_ids: tuple[int, ...]
     eager: bool = False
+    features: torch.Tensor | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,10 @@ class _Sequence:
     last_token: int = -1
     tail: list[int] = field(default_factory=list)
     pending: list[int] = field(default_factory=list)
+    # A feature-reading draft: the features of the pending tokens, and of the last
+    # committed one (what feeding it again needs).
+    pending_features: torch.Tensor | None = None
+    last_feature: torch.Tensor | None = None
     stream: RandomStream | None = None  # the draft's own draws, made on the first sampled step
     history: TokenHistory = field(default_factory=TokenHistory)  # the committed ids
 
@@ -115,6 +122,10 @@ class _Work:
     keep: int = 0  # KV length to truncate to before the ingest forward
     feed: list[int] = field(default_factory=list)  # tokens of the ingest forward
     pending: list[int] = field(default_factory=list)  # committed, KV left for later
+    # A feature-reading draft: rows for committed, feed and pending (None elsewhere).
+    committed_features: torch.Tensor | None = None
+    feed_features: torch.Tensor | None = None
+    pending_features: torch.Tensor | None = None
     num_tokens: int = 0  # K (0: ingest only)
     sampling: Sampling = Sampling()
     ahead_of: tuple[int, ...] = ()  # fed after the committed tokens, kept as tail
@@ -161,6 +172,9 @@ class Drafter:
     def __init__(self, runner: ModelRunner, lazy_ingest: bool = True) -> None:
         self.runner = runner
         self.lazy_ingest = lazy_ingest
+        # An EAGLE-style draft: each token's input joins the target's feature of the
+        # position before (IngestPlan.features); its own proposals read its own output.
+        self.reads_features = runner.model_config.reads_target_features
         self._seqs: dict[str, _Sequence] = {}
         self._tables: dict[int, KVScaleTable] = {runner.kv_scales.version: runner.kv_scales}
         self.num_steps = 0
@@ -309,7 +323,13 @@ class Drafter:
             raise InvalidRequestError(
                 f"request {rid}: {held + len(plan.token_ids)} tokens exceed max_model_len={max_len}"
             )
-        work[rid] = _Work(rid, plan.token_ids, opens=rid not in self._seqs, eager=plan.eager)
+        work[rid] = _Work(
+            rid,
+            plan.token_ids,
+            opens=rid not in self._seqs,
+            eager=plan.eager,
+            committed_features=self._rows(plan.features, len(plan.token_ids)),
+        )
 
     def _plan_propose(self, entry: ProposeEntry, work: dict[str, _Work]) -> None:
         rid, max_len = entry.request_id, self.runner.max_model_len
@@ -328,6 +348,11 @@ class Drafter:
             raise InvalidRequestError(
                 f"request {rid}: {length} tokens + {ahead} ahead + K={entry.num_tokens} "
                 f"exceed max_model_len={max_len}"
+            )
+        if entry.ahead_of and self.reads_features:
+            raise InvalidRequestError(
+                f"request {rid}: ahead_of (pipelining) needs the target's features of the "
+                f"ahead tokens, which this draft reads; propose after the committed log"
             )
         bad = [t for t in entry.ahead_of if t >= self.runner.vocab_size]
         if bad:
@@ -375,21 +400,43 @@ class Drafter:
         held, tail, pending = (seq.num_committed, seq.tail, seq.pending) if seq else (0, [], [])
         expected = [*w.committed, *w.ahead_of]
         matched = 0
-        while matched < min(len(tail), len(expected)) and tail[matched] == expected[matched]:
+        # A feature-reading draft fed its tail with its own predicted features: the
+        # committed part is fed again with the target's.
+        while (
+            not self.reads_features
+            and matched < min(len(tail), len(expected))
+            and tail[matched] == expected[matched]
+        ):
             matched += 1
         if matched == len(expected) and w.ahead_of:
             matched -= 1  # the guess needs the logits at the last ahead_of token: feed it
         w.keep = held - len(pending) + matched
         unfed = [*pending, *expected[matched:]]
+        unfed_features = None
+        if self.reads_features:
+            pending_rows = seq.pending_features if seq else None
+            committed_rows = self._rows(w.committed_features, len(w.committed))
+            unfed_features = torch.cat([self._rows(pending_rows, len(pending)), committed_rows])
         if self.lazy_ingest and not w.num_picks and not w.eager:
-            w.pending = unfed
+            w.pending, w.pending_features = unfed, unfed_features
             return
-        w.feed = unfed
+        w.feed, w.feed_features = unfed, unfed_features
         if w.num_picks and not w.feed:
             # Nothing new to feed, yet the first proposal needs the logits at the last
             # committed token: drop it from the KV and feed it again.
             w.keep -= 1
             w.feed = [w.committed[-1] if w.committed else seq.last_token]
+            if self.reads_features:
+                w.feed_features = seq.last_feature[None]
+
+    def _rows(self, features: torch.Tensor | None, n: int) -> torch.Tensor | None:
+        """A feature-reading draft's ``n`` feature rows: ``features``, or zeros where the
+        target's are not known; None for any other draft."""
+        if not self.reads_features:
+            return None
+        if features is None:
+            return torch.zeros(n, self.runner.model_config.hidden_size)
+        return features
 
     def _check_pages(self, work: dict[str, _Work]) -> None:
         page_size = self.runner.config.page_size
@@ -415,8 +462,15 @@ class Drafter:
         greedy = [w for w in work.values() if w.num_picks and w.feed and w.sampling.greedy]
         taken = {w.request_id for w in greedy}
         others = [w for w in work.values() if w.feed and w.request_id not in taken]
-        chunks = [SequenceChunk(w.request_id, w.feed[:-1], 0) for w in greedy]
-        chunks += [SequenceChunk(w.request_id, w.feed, int(w.num_picks > 0)) for w in others]
+        chunks = [
+            SequenceChunk(w.request_id, w.feed[:-1], 0, features=_head(w.feed_features))
+            for w in greedy
+        ]
+        chunks += [
+            SequenceChunk(w.request_id, w.feed, int(w.num_picks > 0),
+                          int(w.num_picks > 0 and self.reads_features), w.feed_features)
+            for w in others
+        ]  # fmt: skip
         chunks = [c for c in chunks if c.token_ids]
         groups: dict[tuple[int, float, int], list[_Work]] = {}
         for w in greedy:
@@ -424,11 +478,14 @@ class Drafter:
         picked: dict[str, list[int]] = {}
         try:
             self._open_and_truncate(work, version)
-            logits = self.runner.extend(chunks) if chunks else []
+            outputs = self.runner.forward_chunks(chunks) if chunks else []
             for (picks, min_prob, uncut), group in groups.items():
                 ids = [w.request_id for w in group]
+                features = None
+                if self.reads_features:
+                    features = torch.stack([w.feed_features[-1] for w in group])
                 rows = self.runner.greedy_picks(
-                    ids, [w.feed[-1] for w in group], picks, min_prob, uncut
+                    ids, [w.feed[-1] for w in group], picks, min_prob, uncut, features
                 )
                 picked.update(zip(ids, rows, strict=True))
         except BaseException:
@@ -444,7 +501,7 @@ class Drafter:
             self._seqs[w.request_id].tail += tokens[:-1]  # fed: every pick but the last
             guess = tokens.pop(0) if w.ahead_of else None
             proposals.append(Proposal(w.request_id, tokens, None, guess))
-        first = {c.seq_id: out for c, out in zip(chunks, logits, strict=True) if c.num_logits}
+        first = {c.seq_id: out for c, out in zip(chunks, outputs, strict=True) if c.num_logits}
         sampled = [w for w in others if w.num_picks]
         return proposals + (self._sample_picks(sampled, first) if sampled else [])
 
@@ -468,10 +525,15 @@ class Drafter:
             seq.tail = list(w.ahead_of)
             seq.pending = w.pending
             seq.kv_version = version
+            if self.reads_features:
+                seq.pending_features = w.pending_features
+                if w.committed:
+                    seq.last_feature = w.committed_features[-1]
 
-    def _sample_picks(self, work: list[_Work], first: dict[str, torch.Tensor]) -> list[Proposal]:
-        """Sampled proposals, forward by forward: each further pick is one ``extend`` over
-        the requests still picking. An ahead request's first pick is its guess (the draft's
+    def _sample_picks(self, work: list[_Work], first: dict[str, ChunkOutput]) -> list[Proposal]:
+        """Sampled proposals, forward by forward: each further pick is one forward over
+        the requests still picking (a feature-reading draft's reads the hidden state the
+        forward before left). An ahead request's first pick is its guess (the draft's
         argmax), the rest its proposals. A request stops picking at its first proposal after
         the first less likely than its ``min_prob``."""
         tokens: dict[str, list[int]] = {w.request_id: [] for w in work}
@@ -484,17 +546,21 @@ class Drafter:
             if not active:
                 break
             if position > 0:
-                chunks = [SequenceChunk(w.request_id, [tokens[w.request_id][-1]]) for w in active]
-                outs = self.runner.extend(chunks)
+                chunks = [
+                    SequenceChunk(w.request_id, [tokens[w.request_id][-1]], 1,
+                                  int(self.reads_features), _last(logits[w.request_id].hidden))
+                    for w in active
+                ]  # fmt: skip
+                outs = self.runner.forward_chunks(chunks)
                 logits = {c.seq_id: out for c, out in zip(chunks, outs, strict=True)}
                 for w in active:
                     self._seqs[w.request_id].tail.append(tokens[w.request_id][-1])
             for w in active:
                 if w.ahead_of and position == 0:
-                    tokens[w.request_id].append(int(logits[w.request_id][-1].argmax()))
+                    tokens[w.request_id].append(int(logits[w.request_id].logits[-1].argmax()))
                     continue
                 index = position - (1 if w.ahead_of else 0)
-                token, row = self._sample(w, logits[w.request_id], index)
+                token, row = self._sample(w, logits[w.request_id].logits, index)
                 if token is None:
                     stopped.add(w.request_id)
                     continue
@@ -580,6 +646,14 @@ class Drafter:
         # Ahead, the proposal's position counts the ahead_of tokens and the guess.
         position = seq.num_committed + (len(w.ahead_of) + 1 if w.ahead_of else 0) + index
         return q.sample(seq.stream.uniform(position, PROPOSE_DRAW)), q
+
+
+def _head(features: torch.Tensor | None) -> torch.Tensor | None:
+    return None if features is None else features[:-1]
+
+
+def _last(hidden: torch.Tensor) -> torch.Tensor | None:
+    return hidden[-1:] if hidden.numel() else None
 
 
 def _attempt(failed: dict[str, Exception], rid: str, check, *args) -> bool:

@@ -14,7 +14,7 @@ from specdec.draft_service.drafter import (
     ProposeEntry,
 )
 from specdec.model_service.batcher import Batcher
-from specdec.model_service.proto import kv_table_from_proto, model_info
+from specdec.model_service.proto import features_from_bytes, kv_table_from_proto, model_info
 from specdec.model_service.servicer import ModelServicer
 from specdec.model_service.status import refusal, status_code_for
 from specdec.runtime.errors import InvalidRequestError
@@ -23,8 +23,20 @@ from specdec.telemetry.tracing import rpc_span
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 
-def step_from_proto(msg: draft_pb2.DraftStepRequest, failed: dict[str, Exception]) -> DraftStep:
-    """The step; proposals whose sampling parameters are bad go to ``failed``."""
+def step_from_proto(
+    msg: draft_pb2.DraftStepRequest, failed: dict[str, Exception], hidden_size: int
+) -> DraftStep:
+    """The step; requests whose sampling parameters or features are bad go to ``failed``."""
+    ingest = []
+    for p in msg.ingest:
+        try:
+            features = features_from_bytes(p.features, len(p.token_ids), hidden_size)
+        except InvalidRequestError as error:
+            failed[p.request_id] = InvalidRequestError(f"request {p.request_id}: {error}")
+            continue
+        ingest.append(
+            IngestPlan(p.request_id, p.start_position, tuple(p.token_ids), p.eager, features)
+        )
     propose = []
     for e in msg.propose:
         try:
@@ -47,11 +59,7 @@ def step_from_proto(msg: draft_pb2.DraftStepRequest, failed: dict[str, Exception
     return DraftStep(
         kv_scales_version=msg.kv_scales_version,
         kv_scales=kv_table_from_proto(msg.kv_scales) if msg.HasField("kv_scales") else None,
-        ingest=tuple(
-            IngestPlan(p.request_id, p.start_position, tuple(p.token_ids), p.eager)
-            for p in msg.ingest
-            if p.request_id not in failed
-        ),
+        ingest=tuple(p for p in ingest if p.request_id not in failed),
         propose=tuple(propose),
     )
 
@@ -161,7 +169,7 @@ class DraftServicer(ModelServicer, draft_pb2_grpc.DraftServiceServicer):
     def _step(self, request: draft_pb2.DraftStepRequest, owner: str) -> draft_pb2.DraftStepResponse:
         failed: dict[str, Exception] = {}
         self.claim(request_ids(request), owner, failed)
-        step = step_from_proto(request, failed)
+        step = step_from_proto(request, failed, self._hidden_size)
         return result_to_proto(self.model.step(step, failed))
 
     def _step_many(
@@ -185,7 +193,8 @@ class DraftServicer(ModelServicer, draft_pb2_grpc.DraftServiceServicer):
             for (_, owner), mine in zip(items, ids, strict=True):
                 self.claim(mine, owner, failed)
             try:
-                result = self.model.step(step_from_proto(merged, failed), failed)
+                step = step_from_proto(merged, failed, self._hidden_size)
+                result = self.model.step(step, failed)
             except Exception:
                 pass  # a whole-step refusal: find whose, below
             else:
@@ -197,6 +206,10 @@ class DraftServicer(ModelServicer, draft_pb2_grpc.DraftServiceServicer):
             except Exception as exc:
                 out.append(exc)
         return out
+
+    @property
+    def _hidden_size(self) -> int:
+        return self.model.runner.model_config.hidden_size
 
     def _info(self) -> common_pb2.ModelInfo:
         d = self.model

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from specdec.runtime.errors import InvalidRequestError
 from specdec.runtime.kv_scales import KVScaleTable
 from specdec.runtime.model_runner import ModelRunner
@@ -38,5 +40,27 @@ def model_info(runner: ModelRunner, **counters: float) -> common_pb2.ModelInfo:
         prefix_cache_hits=runner.prefix_cache_hits,
         num_computed_tokens=runner.num_computed_tokens,
         prefix_caching=runner.config.enable_prefix_caching,
+        hidden_size=runner.model_config.hidden_size,
+        reads_target_features=runner.model_config.reads_target_features,
         **counters,
     )
+
+
+def features_to_bytes(features: torch.Tensor | None) -> bytes:
+    """Hidden states ``[rows, hidden]`` as the wire carries them: bfloat16, little-endian,
+    row-major."""
+    if features is None:
+        return b""
+    return features.to(torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes()
+
+
+def features_from_bytes(data: bytes, rows: int, hidden_size: int) -> torch.Tensor | None:
+    """``features_to_bytes``' inverse as float32 ``[rows, hidden_size]``; None for no bytes."""
+    if not data:
+        return None
+    if len(data) != rows * hidden_size * 2:
+        raise InvalidRequestError(
+            f"features hold {len(data)} bytes; {rows} rows of {hidden_size} bfloat16 values "
+            f"take {rows * hidden_size * 2}"
+        )
+    return torch.frombuffer(bytearray(data), dtype=torch.bfloat16).view(rows, hidden_size).float()

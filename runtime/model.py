@@ -252,15 +252,29 @@ class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig, max_positions: int) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        if config.reads_target_features:
+            size, eps = config.hidden_size, config.rms_norm_eps
+            self.embed_norm = RMSNorm(size, eps)
+            self.feature_norm = RMSNorm(size, eps)
+            self.fc = Linear(2 * size, size, bias=False)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.rope, config.head_dim, max_positions)
         self.cpu_kernels = False  # CausalLM.use_cpu_kernels
         # Every layer in one C call where the step allows (CausalLM.use_cpu_kernels).
         self.native_layers: DecoderLayers | None = None
+        self.config = config
 
-    def forward(self, input_ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, ctx: ForwardContext, features: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``features`` ``[T, hidden]``: the target's, for a model that reads them."""
         x = self.embed_tokens(input_ids)
+        if self.config.reads_target_features:
+            if features is None:
+                features = torch.zeros_like(x)
+            joined = torch.cat([self.embed_norm(x), self.feature_norm(features.to(x.dtype))], -1)
+            x = self.fc(joined)
         rope = self.rotary_emb.for_step(ctx.positions, x.dtype, in_kernel=self.cpu_kernels)
         step = ctx.native_step() if self.native_layers is not None else None
         if step is not None:
@@ -321,8 +335,10 @@ class CausalLM(nn.Module):
         # Set by finalize: built on the meta device, a buffer would hold garbage until then.
         self.register_buffer("head_token_ids", None, persistent=False)
 
-    def forward(self, input_ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        return self.model(input_ids, ctx)
+    def forward(
+        self, input_ids: torch.Tensor, ctx: ForwardContext, features: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return self.model(input_ids, ctx, features)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden).float()

@@ -70,6 +70,10 @@ class ModelConfig:
     # order. Empty = the head covers the whole vocabulary. The model scores the other ids
     # -inf, so a draft never proposes them and gives them probability exactly 0.
     head_token_ids: tuple[int, ...] = field(default=())
+    # A feature-reading draft (EAGLE-style): each position's input is its token's embedding
+    # and the target's final hidden state at the position before, joined by ``model.fc``
+    # (``runtime.model.DecoderModel``); the target's hidden size is this model's.
+    reads_target_features: bool = False
 
     def __post_init__(self) -> None:
         ids = self.head_token_ids
@@ -114,6 +118,7 @@ class ModelConfig:
             qk_norm=SUPPORTED_ARCHITECTURES[arch],
             eos_token_ids=_as_ids(raw.get("eos_token_id")),
             head_token_ids=_as_ids(raw.get("head_token_ids")),
+            reads_target_features=bool(raw.get("reads_target_features", False)),
         )
 
     @classmethod

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -117,10 +117,11 @@ class ModelRunner:
     def decodes_greedy_in_c(self) -> bool:
         """Whether ``decode_greedy`` runs here (else it answers None): the layers run in C
         with a packed head, the cache is written in C, and the C attention kernel takes a
-        token's GQA group of query rows."""
+        token's GQA group of query rows; not for a model that reads the target's features."""
         group = self.model_config.num_heads // self.model_config.num_kv_heads
         return (
-            self.model.greedy_head() is not None
+            not self.model_config.reads_target_features  # each pick reads the one before
+            and self.model.greedy_head() is not None
             and self.cache.writes_in_c
             and isinstance(self.backend, CpuAttentionBackend)
             and group <= self.backend.native_max_rows
@@ -192,7 +193,6 @@ class ModelRunner:
 
     # ---- the step --------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def extend(self, chunks: list[SequenceChunk]) -> list[torch.Tensor]:
         """Append every chunk's tokens to its sequence in one forward; return its logits.
 
@@ -205,6 +205,12 @@ class ModelRunner:
         Afterwards ``last_prefix_hits`` holds, per sequence extended, how many leading
         tokens of its chunk came from the prefix cache (none computed; {} with it off).
         """
+        return [out.logits for out in self.forward_chunks(chunks)]
+
+    @torch.inference_mode()
+    def forward_chunks(self, chunks: list[SequenceChunk]) -> list[ChunkOutput]:
+        """``extend``, also returning each chunk's final hidden states at its last
+        ``num_hidden`` tokens, of those computed (a prefix-cache hit computes fewer)."""
         self._validate(chunks)
         seq_ids = [c.seq_id for c in chunks if c.token_ids]
         old_lens = [self.cache.seq_len(s) for s in seq_ids]
@@ -215,7 +221,7 @@ class ModelRunner:
             if active:
                 self.cache.reserve(seq_ids, query_lens)
             start = time.perf_counter()
-            logits = self._forward(active, seq_ids, query_lens) if active else None
+            logits, hidden = self._forward(active, seq_ids, query_lens) if active else (None, None)
         except BaseException:
             self._truncate_to(seq_ids, old_lens)
             raise
@@ -225,14 +231,21 @@ class ModelRunner:
         self.prefix_cache_queries += sum(queried for queried, _ in matched.values())
         self.prefix_cache_hits += sum(self.last_prefix_hits.values())
         empty = torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
-        results: list[torch.Tensor] = []
-        offset = 0
+        no_hidden = torch.empty(0, self.model_config.hidden_size, device=self.device)
+        by_seq = {c.seq_id: c for c in active}
+        results: list[ChunkOutput] = []
+        logit_offset = hidden_offset = 0
         for chunk in chunks:
-            if chunk.num_logits == 0:
-                results.append(empty)
-                continue
-            results.append(logits[offset : offset + chunk.num_logits])
-            offset += chunk.num_logits
+            rows = empty
+            if chunk.num_logits:
+                rows = logits[logit_offset : logit_offset + chunk.num_logits]
+                logit_offset += chunk.num_logits
+            num_hidden = _hidden_rows(by_seq.get(chunk.seq_id))
+            states = no_hidden
+            if num_hidden:
+                states = hidden[hidden_offset : hidden_offset + num_hidden]
+                hidden_offset += num_hidden
+            results.append(ChunkOutput(rows, states))
         return results
 
     @torch.inference_mode()
@@ -287,21 +300,31 @@ class ModelRunner:
         steps: int,
         min_prob: float = 0.0,
         min_prob_from: int = 0,
+        features: torch.Tensor | None = None,
     ) -> list[list[int]]:
         """``decode_greedy``'s picks, from its C loop where it runs, else forward by forward
         (``extend`` and argmax: the same tokens, and the sequences hold the same ones
-        after). Callers need not know which ran."""
+        after). Callers need not know which ran. ``features`` ``[len(seq_ids), hidden]``:
+        for a model that reads the target's features, those of each sequence's token; each
+        pick after it then reads the hidden state its forward left."""
         picked = self.decode_greedy(seq_ids, tokens, steps, min_prob, min_prob_from)
         if picked is not None:
             return picked
+        reads = self.model_config.reads_target_features
         old_lens = [self.cache.seq_len(s) for s in seq_ids]
         picks: list[list[int]] = [[] for _ in seq_ids]
         active, feed = list(range(len(seq_ids))), list(tokens)
+        fed_features = [None if features is None else features[i : i + 1] for i in active]
         try:
             for step in range(steps):
-                chunks = [SequenceChunk(seq_ids[i], [feed[i]]) for i in active]
+                chunks = [
+                    SequenceChunk(seq_ids[i], [feed[i]], 1, int(reads), fed_features[i])
+                    for i in active
+                ]
                 still = []
-                for i, logits in zip(active, self.extend(chunks), strict=True):
+                for i, out in zip(active, self.forward_chunks(chunks), strict=True):
+                    logits = out.logits
+                    fed_features[i] = out.hidden if reads else None
                     token = int(logits[-1].argmax())
                     if step >= min_prob_from and min_prob > 0:
                         prob = float(torch.softmax(logits[-1].float(), -1)[token])
@@ -394,7 +417,7 @@ class ModelRunner:
 
     def _forward(
         self, chunks: list[SequenceChunk], seq_ids: list[str], query_lens: list[int]
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         mc = self.model_config
         meta = build_attention_metadata(self.cache, seq_ids, query_lens)
         self.backend.plan(
@@ -417,19 +440,56 @@ class ModelRunner:
         )
         flat = list(itertools.chain.from_iterable(c.token_ids for c in chunks))
         input_ids = torch.tensor(flat, dtype=torch.int64, device=self.device)
-        hidden = self.model(input_ids, ctx)
+        hidden = self.model(input_ids, ctx, self._features(chunks))
         rows: list[int] = []
+        hidden_rows: list[int] = []
         end = 0
         for chunk, n in zip(chunks, query_lens, strict=True):
             end += n
             rows.extend(range(end - chunk.num_logits, end))
+            hidden_rows.extend(range(end - _hidden_rows(chunk), end))
+        states = hidden.index_select(
+            0, torch.tensor(hidden_rows, dtype=torch.int64, device=self.device)
+        )
         if not rows:
-            return hidden.new_empty(0, self.vocab_size, dtype=torch.float32)
+            return hidden.new_empty(0, self.vocab_size, dtype=torch.float32), states
         index = torch.tensor(rows, dtype=torch.int64, device=self.device)
-        return self.model.compute_logits(hidden.index_select(0, index))
+        return self.model.compute_logits(hidden.index_select(0, index)), states
+
+    def _features(self, chunks: list[SequenceChunk]) -> torch.Tensor | None:
+        """The chunks' target features in one ``[T, hidden]`` tensor (zeros where a chunk
+        has none), for a model that reads them; else None."""
+        if not self.model_config.reads_target_features:
+            return None
+        size = self.model_config.hidden_size
+        parts = [
+            torch.zeros(len(c.token_ids), size) if c.features is None else c.features.float()
+            for c in chunks
+        ]
+        return torch.cat(parts).to(self.device)
+
+
+@dataclass(frozen=True)
+class ChunkOutput:
+    """One chunk's part of a forward: float32 logits ``[num_logits, vocab]`` and final
+    hidden states ``[num_hidden, hidden]`` (after the last norm)."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+def _hidden_rows(chunk: SequenceChunk | None) -> int:
+    """Hidden rows a (computed part of a) chunk returns."""
+    return 0 if chunk is None else min(chunk.num_hidden, len(chunk.token_ids))
 
 
 def _skip(chunk: SequenceChunk, matched: dict[str, tuple[int, int]]) -> SequenceChunk:
     """The chunk less its tokens whose KV the prefix cache attached."""
     _, hit = matched.get(chunk.seq_id, (0, 0))
-    return replace(chunk, token_ids=chunk.token_ids[hit:]) if hit else chunk
+    if not hit:
+        return chunk
+    rest = chunk.token_ids[hit:]
+    features = None if chunk.features is None else chunk.features[hit:]
+    return replace(
+        chunk, token_ids=rest, num_hidden=min(chunk.num_hidden, len(rest)), features=features
+    )

@@ -8,7 +8,7 @@ import grpc
 import torch
 
 from specdec.kernels.sampling import SparseProbs
-from specdec.model_service.proto import model_info
+from specdec.model_service.proto import features_to_bytes, model_info
 from specdec.model_service.servicer import ModelServicer
 from specdec.model_service.status import status_code_for
 from specdec.runtime.errors import InvalidRequestError
@@ -81,6 +81,8 @@ def result_to_proto(r: VerifyResult) -> target_pb2.VerifyResult:
         num_accepted=r.num_accepted,
         num_cached_tokens=r.num_cached_tokens,
         num_prefix_cached_tokens=r.num_prefix_cached_tokens,
+        features=features_to_bytes(r.features),
+        feature_start=r.feature_start,
     )
     if r.error is not None:
         result.error_code = status_code_for(r.error).name
@@ -122,7 +124,9 @@ class TargetServicer(ModelServicer, target_pb2_grpc.TargetServiceServicer):
             [e for e in request.decode if e.request_id in mine], entry_from_proto, failed
         )
         burst = (owner, request.step_id)
-        results = self.model.verify(prefill, decode, failed, request.num_steps, burst)
+        results = self.model.verify(
+            prefill, decode, failed, request.num_steps, burst, request.return_features
+        )
         return target_pb2.VerifyResponse(
             results=[result_to_proto(r) for r in results],
             num_free_pages=self.model.runner.num_free_pages,

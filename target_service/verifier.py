@@ -15,7 +15,7 @@ from specdec.kernels.random_stream import SAMPLE_DRAW, TARGET_DOMAIN, RandomStre
 from specdec.kernels.sampling import SparseProbs, sample_token
 from specdec.kernels.verify import chain_speculative_sampling, verify_greedy
 from specdec.runtime.errors import InvalidRequestError, OutOfSyncError, UnknownRequestError
-from specdec.runtime.model_runner import ModelRunner
+from specdec.runtime.model_runner import ChunkOutput, ModelRunner
 from specdec.runtime.sampling import Sampling
 from specdec.runtime.sequence import SequenceChunk
 
@@ -64,6 +64,10 @@ class VerifyResult:
     num_cached_tokens: int
     error: Exception | None = None  # this entry failed (nothing of it kept); others went on
     num_prefix_cached_tokens: int = 0  # of a prefill chunk: tokens taken from the prefix cache
+    # With return_features: final hidden states [rows, hidden] of the positions computed and
+    # kept, from feature_start (a verify: the last token's and the accepted proposals').
+    features: torch.Tensor | None = None
+    feature_start: int = 0
 
 
 class Verifier:
@@ -118,19 +122,21 @@ class Verifier:
         failed: dict[str, Exception] | None = None,
         num_steps: int = 1,
         burst: object = None,
+        return_features: bool = False,
     ) -> list[VerifyResult]:
         """Runs the step's entries in one forward. An entry that is bad on its own (or whose
         sampling fails) fails alone: its result carries the error, its sequence is as before
         the step, and the others go on. ``failed``: entries the caller already refused
         (e.g. unparsable sampling parameters), reported the same way. ``num_steps`` > 1:
-        see ``decode_steps``; ``burst`` names it for ``end_burst``."""
+        see ``decode_steps``; ``burst`` names it for ``end_burst``. ``return_features``:
+        each result carries the final hidden states of the positions it kept."""
         if num_steps > 1:
             if prefill:
                 raise InvalidRequestError("num_steps > 1 takes no prefill chunks")
             self._burst = burst
             self._burst_stop[0] = int(burst is not None and self._end_asked == burst)
             try:
-                return self.decode_steps(decode, num_steps, failed)
+                return self.decode_steps(decode, num_steps, failed, return_features)
             finally:
                 self._burst = None
                 self._burst_stop[0] = 0
@@ -142,13 +148,18 @@ class Verifier:
         for c in opened:
             self.runner.open(c.request_id)
             self._streams[c.request_id] = c.sampling.random_stream(TARGET_DOMAIN)
-        chunks = [SequenceChunk(c.request_id, list(c.token_ids), int(c.emits)) for c in prefill]
+        chunks = [
+            SequenceChunk(c.request_id, list(c.token_ids), int(c.emits),
+                          len(c.token_ids) if return_features else 0)
+            for c in prefill
+        ]  # fmt: skip
         chunks += [
-            SequenceChunk(e.request_id, [e.last_token_id, *e.proposal_ids], len(e.proposal_ids) + 1)
+            SequenceChunk(e.request_id, [e.last_token_id, *e.proposal_ids],
+                          len(e.proposal_ids) + 1, (len(e.proposal_ids) + 1) * return_features)
             for e in decode
-        ]
+        ]  # fmt: skip
         try:
-            logits = self.runner.extend(chunks)
+            logits = self.runner.forward_chunks(chunks)
         except BaseException:
             self.release([c.request_id for c in opened])  # extend changed nothing else
             raise
@@ -177,6 +188,7 @@ class Verifier:
         decode: list[VerifyEntry],
         num_steps: int,
         failed: dict[str, Exception] | None = None,
+        return_features: bool = False,
     ) -> list[VerifyResult]:
         """Multi-step decoding: up to ``num_steps`` K = 0 steps back to back, each feeding
         every entry the token it emitted last, so one request does the work of several.
@@ -190,16 +202,21 @@ class Verifier:
         step would draw it (same position, same random stream), so the output does not
         depend on ``num_steps``; each result lists every token its entry emitted. A burst
         ``end_burst`` ends stops before its next forward, each entry keeping what it emitted.
+        ``return_features``: as ``verify``'s, over every step (never the C loop, which
+        returns no hidden states).
         """
         if any(e.proposal_ids for e in decode):
             raise InvalidRequestError(
                 "num_steps > 1 runs decode entries without proposals only (K = 0)"
             )
-        if decode and all(e.sampling.greedy for e in decode):
+        if decode and all(e.sampling.greedy for e in decode) and not return_features:
             greedy = self._greedy_decode(decode, num_steps, failed)
             if greedy is not None:
                 return greedy
-        results = {r.request_id: r for r in self.verify([], decode, failed)}
+        results = {
+            r.request_id: r
+            for r in self.verify([], decode, failed, return_features=return_features)
+        }
         live = [e for e in decode if results[e.request_id].error is None]
         live = [e for e in live if not self._stops(e, results[e.request_id].token_ids)]
         for done in range(1, num_steps):
@@ -214,7 +231,7 @@ class Verifier:
                 for e in live
             ]
             try:
-                sub = self.verify([], step)
+                sub = self.verify([], step, return_features=return_features)
             except Exception as e:  # nothing of this step was kept; the next request reports it
                 logger.warning(
                     "multi-step decoding stopped after %d of %d steps: %r", done, num_steps, e
@@ -229,6 +246,7 @@ class Verifier:
                     before,
                     token_ids=before.token_ids + r.token_ids,
                     num_cached_tokens=r.num_cached_tokens,
+                    features=_joined(before.features, r.features),
                 )
             live = [e for e in live if not self._stops(e, results[e.request_id].token_ids)]
         return list(results.values())
@@ -355,7 +373,8 @@ class Verifier:
 
     # ---- results ---------------------------------------------------------------------------
 
-    def _emit_first(self, c: PrefillChunk, logits: torch.Tensor) -> VerifyResult:
+    def _emit_first(self, c: PrefillChunk, out: ChunkOutput) -> VerifyResult:
+        logits = out.logits
         tokens: list[int] = []
         if c.emits:
             if c.sampling.greedy:
@@ -365,9 +384,14 @@ class Verifier:
                 u = self._streams[c.request_id].uniform(position, SAMPLE_DRAW)
                 tokens = [sample_token(c.sampling.probs(logits[-1:])[0], u)]
         rid, hits = c.request_id, self.runner.last_prefix_hits.get(c.request_id, 0)
-        return VerifyResult(rid, tokens, 0, self.runner.seq_len(rid), num_prefix_cached_tokens=hits)
+        held = self.runner.seq_len(rid)
+        features = out.hidden if out.hidden.numel() else None
+        start = held - (0 if features is None else features.shape[0])
+        return VerifyResult(rid, tokens, 0, held, num_prefix_cached_tokens=hits,
+                            features=features, feature_start=start)  # fmt: skip
 
-    def _accept(self, e: VerifyEntry, logits: torch.Tensor) -> VerifyResult:
+    def _accept(self, e: VerifyEntry, out: ChunkOutput) -> VerifyResult:
+        logits = out.logits
         proposals = list(e.proposal_ids)
         if e.sampling.greedy:
             emitted, accepted = verify_greedy(logits, proposals)
@@ -384,7 +408,10 @@ class Verifier:
             )
         # Drop the KV of rejected proposals before answering.
         self.runner.truncate(e.request_id, e.start_position + 1 + accepted)
-        return VerifyResult(e.request_id, emitted, accepted, self.runner.seq_len(e.request_id))
+        held = self.runner.seq_len(e.request_id)
+        features = out.hidden[: accepted + 1] if out.hidden.numel() else None
+        return VerifyResult(e.request_id, emitted, accepted, held, features=features,
+                            feature_start=e.start_position)  # fmt: skip
 
 
 def _check_draft_probs(
@@ -422,6 +449,10 @@ def _check_draft_probs(
             f"request {rid}: draft_probs gives proposal {zero[0]} (token "
             f"{proposals[zero[0]]}) probability 0; it cannot have been drawn from it"
         )
+
+
+def _joined(first: torch.Tensor | None, then: torch.Tensor | None) -> torch.Tensor | None:
+    return first if then is None else then if first is None else torch.cat([first, then])
 
 
 def _passes(check, item, failed: dict[str, Exception]) -> bool:

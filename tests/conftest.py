@@ -61,3 +61,13 @@ def tiny_checkpoint() -> Callable[..., Path]:
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory) -> Path:
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_qwen3"))
+
+
+@pytest.fixture(scope="session")
+def tiny_feature_draft_path(tmp_path_factory, tiny_model_path) -> Path:
+    """A one-layer draft that reads the tiny model's features (its last layer, untrained),
+    in float32."""
+    from feature_draft import initial_weights, save_folder
+
+    out = tmp_path_factory.mktemp("tiny_feature_draft")
+    return save_folder(out, tiny_model_path, initial_weights(tiny_model_path), dtype=torch.float32)

@@ -240,6 +240,11 @@ def model_limits(
             f"draft vocab size {draft_info.vocab_size} != target vocab size "
             f"{target_info.vocab_size}: the draft must share the target's tokenizer"
         )
+    if draft_info.reads_target_features and draft_info.hidden_size != target_info.hidden_size:
+        raise RuntimeError(
+            f"the draft reads the target's features of size {draft_info.hidden_size}, but the "
+            f"target's hidden size is {target_info.hidden_size}: it was trained for another target"
+        )
     max_model_len = target_info.max_model_len
     if draft_info.max_model_len:
         max_model_len = min(max_model_len, draft_info.max_model_len)
@@ -254,6 +259,7 @@ def model_limits(
         ),
         target_kv=kv_pool("target", target_info, max_model_len),
         draft_kv=kv_pool("draft", draft_info, max_model_len),
+        feature_row_bytes=2 * draft_info.hidden_size if draft_info.reads_target_features else 0,
     )
 
 

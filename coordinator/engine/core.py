@@ -30,6 +30,7 @@ from specdec.coordinator.engine.errors import (
     ServiceError,
     SpecDecError,
 )
+from specdec.coordinator.engine.features import FeatureLog
 from specdec.coordinator.engine.kv_pool import KVPool
 from specdec.coordinator.engine.messages import (
     Proposals,
@@ -62,6 +63,8 @@ class ModelLimits:
     # Each service's KV pool as it reported it at start (None: not reported, not counted).
     target_kv: KVPool | None = None
     draft_kv: KVPool | None = None
+    # > 0: the draft reads the target's features, rows of this many bytes (FeatureLog).
+    feature_row_bytes: int = 0
 
 
 T = TypeVar("T")
@@ -153,6 +156,8 @@ class Engine(DraftSteps):
         except (ValueError, TypeError) as e:
             raise InvalidRequest(f"sampling parameters: {e}") from None
         self._check_fits(request)
+        if self.limits.feature_row_bytes and self.draft is not None:
+            request.features = FeatureLog(self.limits.feature_row_bytes)
         request.arrival_time = time.monotonic()
         self.scheduler.add(request)
         self.requests[request.request_id] = request
@@ -279,7 +284,9 @@ class Engine(DraftSteps):
         proposals: Proposals,
         metadata: tuple[tuple[str, str], ...],
     ) -> dict[str, target_pb2.VerifyResult] | None:
-        message = verify_request(plan, proposals, self.limits.eos_token_ids)
+        message = verify_request(
+            plan, proposals, self.limits.eos_token_ids, self.limits.feature_row_bytes > 0
+        )
         if plan.num_steps > 1:
             self._burst = plan.step_id  # a request arriving meanwhile ends it early
         try:
@@ -353,6 +360,7 @@ class Engine(DraftSteps):
             if result is None:
                 continue
             request.stats.num_steps += 1
+            _keep_features(request, result)
             end = chunk.start + len(chunk.token_ids)
             if result.num_cached_tokens != end:
                 self._out_of_sync(request, result.num_cached_tokens, end)
@@ -373,6 +381,7 @@ class Engine(DraftSteps):
             if result is None:
                 continue
             request.stats.num_steps += 1
+            _keep_features(request, result)
             num_proposed = len(proposals.get(request.request_id, ((), ()))[0])
             num_accepted = min(result.num_accepted, num_proposed)
             forwards = max(len(result.token_ids), 1)  # K = 0 forwards of a multi-step result
@@ -541,3 +550,8 @@ class Engine(DraftSteps):
         return await asyncio.wait_for(
             _await(method(message, timeout=timeout, metadata=metadata)), timeout + 0.5
         )
+
+
+def _keep_features(request: Request, result: target_pb2.VerifyResult) -> None:
+    if request.features is not None and result.features:
+        request.features.add(result.feature_start, result.features)

@@ -59,8 +59,9 @@ class DraftSteps:
         and whose proposals now run to their K: on a 2-core host the two models slow each
         other when they run at once, so work ahead pays only where it is likely to be used,
         and a draft cut short by --draft-p-min ended where it was unsure of the next token,
-        the very token work ahead would have to guess."""
-        if self.config.pipeline == "off":
+        the very token work ahead would have to guess. A draft that reads the target's
+        features never works ahead: it would read its own guesses of them."""
+        if self.config.pipeline == "off" or self.limits.feature_row_bytes:
             proposals = await self._draft_step(plan, metadata, plan.ingest, plan.propose)
             return proposals, await self._verify(plan, proposals, metadata)
         proposals = self._take_ahead(plan)

@@ -48,6 +48,7 @@ def draft_step_request(
                 start_position=p.start,
                 token_ids=p.token_ids,
                 eager=p.eager,
+                features=_features_for(p),
             )
             for p in ingest
         ],
@@ -69,6 +70,13 @@ def draft_step_request(
     if any(p.start == 0 for p in ingest):
         message.kv_scales.CopyFrom(kv_scales)
     return message
+
+
+def _features_for(plan: IngestPlan) -> bytes:
+    features = plan.request.features
+    if features is None:
+        return b""
+    return features.for_tokens(plan.start, plan.start + len(plan.token_ids))
 
 
 def valid_proposals(
@@ -104,11 +112,17 @@ def checked_proposal(
 
 
 def verify_request(
-    plan: StepPlan, proposals: Proposals, eos_token_ids: frozenset[int]
+    plan: StepPlan,
+    proposals: Proposals,
+    eos_token_ids: frozenset[int],
+    return_features: bool = False,
 ) -> target_pb2.VerifyRequest:
     """Prefill chunks and decode entries; a decode entry starts at the last committed token.
-    A multi-step plan also tells each entry its token budget and stop tokens."""
-    message = target_pb2.VerifyRequest(step_id=plan.step_id, num_steps=plan.num_steps)
+    A multi-step plan also tells each entry its token budget and stop tokens.
+    ``return_features``: the draft reads the target's features; ask for them."""
+    message = target_pb2.VerifyRequest(
+        step_id=plan.step_id, num_steps=plan.num_steps, return_features=return_features
+    )
     for chunk in plan.prefills:
         message.prefill.append(
             target_pb2.PrefillChunk(

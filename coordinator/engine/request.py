@@ -6,6 +6,7 @@ import asyncio
 import enum
 from dataclasses import dataclass
 
+from specdec.coordinator.engine.features import FeatureLog
 from specdec.coordinator.engine.stats import SpecStats
 
 # Below this a temperature is greedy (vLLM's _SAMPLING_EPS): dividing float32 logits by
@@ -98,6 +99,8 @@ class Request:
         self.k_cap = k_cap
         self.num_target_cached = 0
         self.num_draft_cached: int | None = 0
+        # The target's features of the committed positions, for a draft that reads them.
+        self.features: FeatureLog | None = None
         # The draft's proposals for the next step, one per outcome of the verify it prepared.
         self.ahead: list[AheadProposal] = []
         self.accepted_all = False  # the last verify accepted every proposal (K > 0)

@@ -375,7 +375,10 @@ class Scheduler:
 
     @staticmethod
     def _plan_ingest(plan: StepPlan, request: Request, end: int, eager: bool) -> None:
-        """Brings the draft to the committed tokens [0, end) of `request`."""
+        """Brings the draft to the committed tokens [0, end) of `request`, those whose
+        features the target has returned where the draft reads them."""
+        if request.features is not None:
+            end = min(end, request.features.num_ingestible)
         held = request.num_draft_cached
         if held is None or held > end:
             # Unknown (or impossible) state: drop what the draft holds, rebuild from the log.

@@ -150,9 +150,9 @@ def test_partly_accepted_proposals_keep_matching_prefix_and_equal_a_rebuilt_draf
     bonus = (first[2] + 1) % VOCAB
     committed = PROMPT + first[:2] + [bonus]
     fed: list[list[int]] = []
-    extend = server.runner.extend
-    server.runner.extend = lambda chunks: fed.append([list(c.token_ids) for c in chunks]) or (
-        extend(chunks)
+    forward = server.runner.forward_chunks
+    server.runner.forward_chunks = lambda chunks: (
+        fed.append([list(c.token_ids) for c in chunks]) or forward(chunks)
     )
     response = step(stub, [ingest("r1", len(PROMPT), first[:2] + [bonus])])
     assert cached(response) == {"r1": len(committed)}

@@ -17,18 +17,22 @@ SAMPLED = Sampling(temperature=1.2, top_p=0.95, seed=7)
 
 
 class CountingRunner:
-    """The runner, counting the tokens ``extend`` processes (``forward_tokens``) and the
-    tokens fed from outside, by ``extend`` or as ``decode_greedy``'s first (``fed_tokens``)."""
+    """The runner, counting the tokens its forwards process (``forward_tokens``) and the
+    tokens fed from outside, by a forward or as ``decode_greedy``'s first (``fed_tokens``)."""
 
     def __init__(self, runner) -> None:
         self._runner = runner
         self.forward_tokens = 0
         self.fed_tokens = 0
 
-    def extend(self, chunks):
+    def forward_chunks(self, chunks):
         self.forward_tokens += sum(len(c.token_ids) for c in chunks)
         self.fed_tokens += sum(len(c.token_ids) for c in chunks)
-        return self._runner.extend(chunks)
+        return self._runner.forward_chunks(chunks)
+
+    def extend(self, chunks):
+        # The runner's own method over this wrapper, so its forwards are counted.
+        return ModelRunner.extend(self, chunks)
 
     def decode_greedy(self, seq_ids, tokens, steps, min_prob=0.0, min_prob_from=0):
         picks = self._runner.decode_greedy(seq_ids, tokens, steps, min_prob, min_prob_from)

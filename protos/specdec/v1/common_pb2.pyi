@@ -43,7 +43,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "vocab_size", "max_model_len", "kv_cache_dtype", "num_free_pages", "num_total_pages", "page_size", "eos_token_ids", "kv_scales", "num_layers", "num_steps", "num_ingest_plans", "num_ingested_tokens", "num_sequences", "forward_seconds", "ahead_forward_seconds", "prefix_cache_queries", "prefix_cache_hits", "num_computed_tokens", "prefix_caching")
+    __slots__ = ("model", "vocab_size", "max_model_len", "kv_cache_dtype", "num_free_pages", "num_total_pages", "page_size", "eos_token_ids", "kv_scales", "num_layers", "num_steps", "num_ingest_plans", "num_ingested_tokens", "num_sequences", "forward_seconds", "ahead_forward_seconds", "prefix_cache_queries", "prefix_cache_hits", "num_computed_tokens", "prefix_caching", "hidden_size", "reads_target_features")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,8 @@ class ModelInfo(_message.Message):
     PREFIX_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    READS_TARGET_FEATURES_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_size: int
     max_model_len: int
@@ -84,7 +86,9 @@ class ModelInfo(_message.Message):
     prefix_cache_hits: int
     num_computed_tokens: int
     prefix_caching: bool
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., num_free_pages: _Optional[int] = ..., num_total_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., kv_scales: _Optional[_Union[KVScaleTable, _Mapping]] = ..., num_layers: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_ingest_plans: _Optional[int] = ..., num_ingested_tokens: _Optional[int] = ..., num_sequences: _Optional[int] = ..., forward_seconds: _Optional[float] = ..., ahead_forward_seconds: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., prefix_caching: bool = ...) -> None: ...
+    hidden_size: int
+    reads_target_features: bool
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., num_free_pages: _Optional[int] = ..., num_total_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., kv_scales: _Optional[_Union[KVScaleTable, _Mapping]] = ..., num_layers: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_ingest_plans: _Optional[int] = ..., num_ingested_tokens: _Optional[int] = ..., num_sequences: _Optional[int] = ..., forward_seconds: _Optional[float] = ..., ahead_forward_seconds: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., prefix_caching: bool = ..., hidden_size: _Optional[int] = ..., reads_target_features: bool = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("request_ids", "all_of_caller")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specdec/v1/draft.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"Z\n\nIngestPlan\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0estart_position\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\r\n\x05\x65\x61ger\x18\x04 \x01(\x08\"\xed\x01\n\x0cProposeEntry\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x10\n\x08\x61head_of\x18\x04 \x03(\r\x12\x10\n\x08min_prob\x18\x05 \x01(\x02\x12\x19\n\x11prompt_lookup_min\x18\x06 \x01(\r\x12\x19\n\x11prompt_lookup_max\x18\x07 \x01(\r\x12\x14\n\x0cnum_branches\x18\x08 \x01(\r\x12\x17\n\x0f\x62ranch_budget_s\x18\t \x01(\x02\"\xba\x02\n\x10\x44raftStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x19\n\x11kv_scales_version\x18\x02 \x01(\r\x12+\n\tkv_scales\x18\x03 \x01(\x0b\x32\x18.specdec.v1.KVScaleTable\x12&\n\x06ingest\x18\x04 \x03(\x0b\x32\x16.specdec.v1.IngestPlan\x12)\n\x07propose\x18\x05 \x03(\x0b\x32\x18.specdec.v1.ProposeEntry\x12\x45\n\rtrace_context\x18\x06 \x03(\x0b\x32..specdec.v1.DraftStepRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xdc\x01\n\x08Proposal\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12,\n\x0b\x64raft_probs\x18\x04 \x03(\x0b\x32\x17.specdec.v1.SparseProbs\x12\x1d\n\x10guessed_token_id\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x11\n\tlooked_up\x18\x06 \x01(\x08\x12\x1b\n\x0e\x61head_accepted\x18\x07 \x01(\rH\x01\x88\x01\x01\x42\x13\n\x11_guessed_token_idB\x11\n\x0f_ahead_acceptedJ\x04\x08\x03\x10\x04\"A\n\x0cRequestError\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"\xc0\x01\n\x11\x44raftStepResponse\x12\'\n\tproposals\x18\x01 \x03(\x0b\x32\x14.specdec.v1.Proposal\x12(\n\x06\x63\x61\x63hed\x18\x02 \x03(\x0b\x32\x18.specdec.v1.CachedLength\x12(\n\x06\x66\x61iled\x18\x03 \x03(\x0b\x32\x18.specdec.v1.RequestError\x12\x1b\n\x0enum_free_pages\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\x11\n\x0f_num_free_pages\"u\n\x0e\x44raftStepReply\x12\x31\n\x08response\x18\x01 \x01(\x0b\x32\x1d.specdec.v1.DraftStepResponseH\x00\x12&\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x15.specdec.v1.StepErrorH\x00\x42\x08\n\x06result2\x9e\x02\n\x0c\x44raftService\x12\x43\n\x04Step\x12\x1c.specdec.v1.DraftStepRequest\x1a\x1d.specdec.v1.DraftStepResponse\x12J\n\nStepStream\x12\x1c.specdec.v1.DraftStepRequest\x1a\x1a.specdec.v1.DraftStepReply(\x01\x30\x01\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12\x39\n\x07GetInfo\x12\x17.specdec.v1.InfoRequest\x1a\x15.specdec.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specdec/v1/draft.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"l\n\nIngestPlan\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0estart_position\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\r\n\x05\x65\x61ger\x18\x04 \x01(\x08\x12\x10\n\x08\x66\x65\x61tures\x18\x05 \x01(\x0c\"\xed\x01\n\x0cProposeEntry\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x10\n\x08\x61head_of\x18\x04 \x03(\r\x12\x10\n\x08min_prob\x18\x05 \x01(\x02\x12\x19\n\x11prompt_lookup_min\x18\x06 \x01(\r\x12\x19\n\x11prompt_lookup_max\x18\x07 \x01(\r\x12\x14\n\x0cnum_branches\x18\x08 \x01(\r\x12\x17\n\x0f\x62ranch_budget_s\x18\t \x01(\x02\"\xba\x02\n\x10\x44raftStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x19\n\x11kv_scales_version\x18\x02 \x01(\r\x12+\n\tkv_scales\x18\x03 \x01(\x0b\x32\x18.specdec.v1.KVScaleTable\x12&\n\x06ingest\x18\x04 \x03(\x0b\x32\x16.specdec.v1.IngestPlan\x12)\n\x07propose\x18\x05 \x03(\x0b\x32\x18.specdec.v1.ProposeEntry\x12\x45\n\rtrace_context\x18\x06 \x03(\x0b\x32..specdec.v1.DraftStepRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xdc\x01\n\x08Proposal\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12,\n\x0b\x64raft_probs\x18\x04 \x03(\x0b\x32\x17.specdec.v1.SparseProbs\x12\x1d\n\x10guessed_token_id\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x11\n\tlooked_up\x18\x06 \x01(\x08\x12\x1b\n\x0e\x61head_accepted\x18\x07 \x01(\rH\x01\x88\x01\x01\x42\x13\n\x11_guessed_token_idB\x11\n\x0f_ahead_acceptedJ\x04\x08\x03\x10\x04\"A\n\x0cRequestError\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"\xc0\x01\n\x11\x44raftStepResponse\x12\'\n\tproposals\x18\x01 \x03(\x0b\x32\x14.specdec.v1.Proposal\x12(\n\x06\x63\x61\x63hed\x18\x02 \x03(\x0b\x32\x18.specdec.v1.CachedLength\x12(\n\x06\x66\x61iled\x18\x03 \x03(\x0b\x32\x18.specdec.v1.RequestError\x12\x1b\n\x0enum_free_pages\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\x11\n\x0f_num_free_pages\"u\n\x0e\x44raftStepReply\x12\x31\n\x08response\x18\x01 \x01(\x0b\x32\x1d.specdec.v1.DraftStepResponseH\x00\x12&\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x15.specdec.v1.StepErrorH\x00\x42\x08\n\x06result2\x9e\x02\n\x0c\x44raftService\x12\x43\n\x04Step\x12\x1c.specdec.v1.DraftStepRequest\x1a\x1d.specdec.v1.DraftStepResponse\x12J\n\nStepStream\x12\x1c.specdec.v1.DraftStepRequest\x1a\x1a.specdec.v1.DraftStepReply(\x01\x30\x01\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12\x39\n\x07GetInfo\x12\x17.specdec.v1.InfoRequest\x1a\x15.specdec.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,21 +35,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DRAFTSTEPREQUEST_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_DRAFTSTEPREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_INGESTPLAN']._serialized_start=63
-  _globals['_INGESTPLAN']._serialized_end=153
-  _globals['_PROPOSEENTRY']._serialized_start=156
-  _globals['_PROPOSEENTRY']._serialized_end=393
-  _globals['_DRAFTSTEPREQUEST']._serialized_start=396
-  _globals['_DRAFTSTEPREQUEST']._serialized_end=710
-  _globals['_DRAFTSTEPREQUEST_TRACECONTEXTENTRY']._serialized_start=659
-  _globals['_DRAFTSTEPREQUEST_TRACECONTEXTENTRY']._serialized_end=710
-  _globals['_PROPOSAL']._serialized_start=713
-  _globals['_PROPOSAL']._serialized_end=933
-  _globals['_REQUESTERROR']._serialized_start=935
-  _globals['_REQUESTERROR']._serialized_end=1000
-  _globals['_DRAFTSTEPRESPONSE']._serialized_start=1003
-  _globals['_DRAFTSTEPRESPONSE']._serialized_end=1195
-  _globals['_DRAFTSTEPREPLY']._serialized_start=1197
-  _globals['_DRAFTSTEPREPLY']._serialized_end=1314
-  _globals['_DRAFTSERVICE']._serialized_start=1317
-  _globals['_DRAFTSERVICE']._serialized_end=1603
+  _globals['_INGESTPLAN']._serialized_end=171
+  _globals['_PROPOSEENTRY']._serialized_start=174
+  _globals['_PROPOSEENTRY']._serialized_end=411
+  _globals['_DRAFTSTEPREQUEST']._serialized_start=414
+  _globals['_DRAFTSTEPREQUEST']._serialized_end=728
+  _globals['_DRAFTSTEPREQUEST_TRACECONTEXTENTRY']._serialized_start=677
+  _globals['_DRAFTSTEPREQUEST_TRACECONTEXTENTRY']._serialized_end=728
+  _globals['_PROPOSAL']._serialized_start=731
+  _globals['_PROPOSAL']._serialized_end=951
+  _globals['_REQUESTERROR']._serialized_start=953
+  _globals['_REQUESTERROR']._serialized_end=1018
+  _globals['_DRAFTSTEPRESPONSE']._serialized_start=1021
+  _globals['_DRAFTSTEPRESPONSE']._serialized_end=1213
+  _globals['_DRAFTSTEPREPLY']._serialized_start=1215
+  _globals['_DRAFTSTEPREPLY']._serialized_end=1332
+  _globals['_DRAFTSERVICE']._serialized_start=1335
+  _globals['_DRAFTSERVICE']._serialized_end=1621
 # @@protoc_insertion_point(module_scope)

@@ -8,16 +8,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class IngestPlan(_message.Message):
-    __slots__ = ("request_id", "start_position", "token_ids", "eager")
+    __slots__ = ("request_id", "start_position", "token_ids", "eager", "features")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     START_POSITION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     EAGER_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     start_position: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     eager: bool
-    def __init__(self, request_id: _Optional[str] = ..., start_position: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., eager: bool = ...) -> None: ...
+    features: bytes
+    def __init__(self, request_id: _Optional[str] = ..., start_position: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., eager: bool = ..., features: _Optional[bytes] = ...) -> None: ...
 
 class ProposeEntry(_message.Message):
     __slots__ = ("request_id", "num_tokens", "sampling", "ahead_of", "min_prob", "prompt_lookup_min", "prompt_lookup_max", "num_branches", "branch_budget_s")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/target.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\"\n\x0f\x45ndBurstRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\"!\n\x10\x45ndBurstResponse\x12\r\n\x05\x65nded\x18\x01 \x01(\x08\"\x9d\x01\n\x0cPrefillChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0estart_position\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x0f\n\x07is_last\x18\x04 \x01(\x08\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x0f\n\x07resumes\x18\x06 \x01(\x08\"\xf8\x01\n\x0bVerifyEntry\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0estart_position\x18\x02 \x01(\r\x12\x15\n\rlast_token_id\x18\x03 \x01(\r\x12\x14\n\x0cproposal_ids\x18\x04 \x03(\r\x12,\n\x0b\x64raft_probs\x18\x07 \x03(\x0b\x32\x17.specdec.v1.SparseProbs\x12,\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x16\n\x0emax_new_tokens\x18\x08 \x01(\r\x12\x16\n\x0estop_token_ids\x18\t \x03(\rJ\x04\x08\x05\x10\x06\"\x80\x02\n\rVerifyRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12)\n\x07prefill\x18\x02 \x03(\x0b\x32\x18.specdec.v1.PrefillChunk\x12\'\n\x06\x64\x65\x63ode\x18\x03 \x03(\x0b\x32\x17.specdec.v1.VerifyEntry\x12\x11\n\tnum_steps\x18\x04 \x01(\r\x12\x42\n\rtrace_context\x18\x05 \x03(\x0b\x32+.specdec.v1.VerifyRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb3\x01\n\x0cVerifyResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x14\n\x0cnum_accepted\x18\x03 \x01(\r\x12\x19\n\x11num_cached_tokens\x18\x04 \x01(\r\x12\x12\n\nerror_code\x18\x05 \x01(\t\x12\x15\n\rerror_message\x18\x06 \x01(\t\x12 \n\x18num_prefix_cached_tokens\x18\x07 \x01(\r\"k\n\x0eVerifyResponse\x12)\n\x07results\x18\x01 \x03(\x0b\x32\x18.specdec.v1.VerifyResult\x12\x1b\n\x0enum_free_pages\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\x11\n\x0f_num_free_pages\"o\n\x0bVerifyReply\x12.\n\x08response\x18\x01 \x01(\x0b\x32\x1a.specdec.v1.VerifyResponseH\x00\x12&\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x15.specdec.v1.StepErrorH\x00\x42\x08\n\x06result2\xde\x02\n\rTargetService\x12?\n\x06Verify\x12\x19.specdec.v1.VerifyRequest\x1a\x1a.specdec.v1.VerifyResponse\x12\x46\n\x0cVerifyStream\x12\x19.specdec.v1.VerifyRequest\x1a\x17.specdec.v1.VerifyReply(\x01\x30\x01\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12\x39\n\x07GetInfo\x12\x17.specdec.v1.InfoRequest\x1a\x15.specdec.v1.ModelInfo\x12\x45\n\x08\x45ndBurst\x12\x1b.specdec.v1.EndBurstRequest\x1a\x1c.specdec.v1.EndBurstResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/target.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\"\n\x0f\x45ndBurstRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\"!\n\x10\x45ndBurstResponse\x12\r\n\x05\x65nded\x18\x01 \x01(\x08\"\x9d\x01\n\x0cPrefillChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0estart_position\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x0f\n\x07is_last\x18\x04 \x01(\x08\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x0f\n\x07resumes\x18\x06 \x01(\x08\"\xf8\x01\n\x0bVerifyEntry\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0estart_position\x18\x02 \x01(\r\x12\x15\n\rlast_token_id\x18\x03 \x01(\r\x12\x14\n\x0cproposal_ids\x18\x04 \x03(\r\x12,\n\x0b\x64raft_probs\x18\x07 \x03(\x0b\x32\x17.specdec.v1.SparseProbs\x12,\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x16\n\x0emax_new_tokens\x18\x08 \x01(\r\x12\x16\n\x0estop_token_ids\x18\t \x03(\rJ\x04\x08\x05\x10\x06\"\x99\x02\n\rVerifyRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12)\n\x07prefill\x18\x02 \x03(\x0b\x32\x18.specdec.v1.PrefillChunk\x12\'\n\x06\x64\x65\x63ode\x18\x03 \x03(\x0b\x32\x17.specdec.v1.VerifyEntry\x12\x11\n\tnum_steps\x18\x04 \x01(\r\x12\x42\n\rtrace_context\x18\x05 \x03(\x0b\x32+.specdec.v1.VerifyRequest.TraceContextEntry\x12\x17\n\x0freturn_features\x18\x06 \x01(\x08\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xdc\x01\n\x0cVerifyResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x14\n\x0cnum_accepted\x18\x03 \x01(\r\x12\x19\n\x11num_cached_tokens\x18\x04 \x01(\r\x12\x12\n\nerror_code\x18\x05 \x01(\t\x12\x15\n\rerror_message\x18\x06 \x01(\t\x12 \n\x18num_prefix_cached_tokens\x18\x07 \x01(\r\x12\x10\n\x08\x66\x65\x61tures\x18\x08 \x01(\x0c\x12\x15\n\rfeature_start\x18\t \x01(\r\"k\n\x0eVerifyResponse\x12)\n\x07results\x18\x01 \x03(\x0b\x32\x18.specdec.v1.VerifyResult\x12\x1b\n\x0enum_free_pages\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\x11\n\x0f_num_free_pages\"o\n\x0bVerifyReply\x12.\n\x08response\x18\x01 \x01(\x0b\x32\x1a.specdec.v1.VerifyResponseH\x00\x12&\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x15.specdec.v1.StepErrorH\x00\x42\x08\n\x06result2\xde\x02\n\rTargetService\x12?\n\x06Verify\x12\x19.specdec.v1.VerifyRequest\x1a\x1a.specdec.v1.VerifyResponse\x12\x46\n\x0cVerifyStream\x12\x19.specdec.v1.VerifyRequest\x1a\x17.specdec.v1.VerifyReply(\x01\x30\x01\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12\x39\n\x07GetInfo\x12\x17.specdec.v1.InfoRequest\x1a\x15.specdec.v1.ModelInfo\x12\x45\n\x08\x45ndBurst\x12\x1b.specdec.v1.EndBurstRequest\x1a\x1c.specdec.v1.EndBurstResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,15 +43,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VERIFYENTRY']._serialized_start=296
   _globals['_VERIFYENTRY']._serialized_end=544
   _globals['_VERIFYREQUEST']._serialized_start=547
-  _globals['_VERIFYREQUEST']._serialized_end=803
-  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_start=752
-  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_end=803
-  _globals['_VERIFYRESULT']._serialized_start=806
-  _globals['_VERIFYRESULT']._serialized_end=985
-  _globals['_VERIFYRESPONSE']._serialized_start=987
-  _globals['_VERIFYRESPONSE']._serialized_end=1094
-  _globals['_VERIFYREPLY']._serialized_start=1096
-  _globals['_VERIFYREPLY']._serialized_end=1207
-  _globals['_TARGETSERVICE']._serialized_start=1210
-  _globals['_TARGETSERVICE']._serialized_end=1560
+  _globals['_VERIFYREQUEST']._serialized_end=828
+  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_start=777
+  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_end=828
+  _globals['_VERIFYRESULT']._serialized_start=831
+  _globals['_VERIFYRESULT']._serialized_end=1051
+  _globals['_VERIFYRESPONSE']._serialized_start=1053
+  _globals['_VERIFYRESPONSE']._serialized_end=1160
+  _globals['_VERIFYREPLY']._serialized_start=1162
+  _globals['_VERIFYREPLY']._serialized_end=1273
+  _globals['_TARGETSERVICE']._serialized_start=1276
+  _globals['_TARGETSERVICE']._serialized_end=1626
 # @@protoc_insertion_point(module_scope)
