@@ -7,7 +7,7 @@ scheduler only reads request state and returns a `StepPlan`.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from specdec.coordinator.engine.config import SpeculativeConfig
 from specdec.coordinator.engine.errors import ResourceExhausted
@@ -230,9 +230,15 @@ class Scheduler:
             for chunk in plan.prefills:
                 end = chunk.start + len(chunk.token_ids)
                 self._plan_ingest(plan, chunk.request, end, self.k_for(chunk.request, batch_k) > 0)
-            for entry in plan.decodes:
+            for n, entry in enumerate(plan.decodes):
                 eager = self.k_for(entry.request, batch_k) > 0
                 self._plan_ingest(plan, entry.request, entry.request.num_tokens, eager)
+                features = entry.request.features
+                if features is not None and features.num_ingestible < entry.request.num_tokens:
+                    # The draft cannot catch up before the target's features arrive (a
+                    # target that returns none stays target-only): no proposals after a
+                    # log it does not hold.
+                    plan.decodes[n] = replace(entry, k=0)
         self._spend(room)
         self._next_step_id += 1
         return plan

@@ -58,6 +58,24 @@ def test_the_draft_ingests_only_tokens_whose_features_the_target_returned():
 KV = common_pb2.KVScaleTable(version=1)
 
 
+def test_no_proposals_while_the_targets_features_are_missing():
+    # A target that returns no features (an older build): the draft cannot be brought to
+    # the log, so the request decodes target-only instead of drafting after the wrong token.
+    s = make_scheduler()
+    r = make_request("a", 3)
+    r.features = FeatureLog(ROW)
+    s.add(r)
+    plan = s.schedule()
+    r.num_draft_cached, r.num_target_cached = 1, 3
+    r.commit([500], EOS, 1000)
+    plan = s.schedule()
+    assert [(d.request, d.k) for d in plan.decodes] == [(r, 0)] and plan.propose == []
+    r.features.add(0, rows(1, 2, 3))
+    plan = s.schedule()
+    assert [(d.request, d.k) for d in plan.decodes] == [(r, 3)]
+    assert [(p.start, p.token_ids) for p in plan.ingest] == [(1, [2, 3, 500])]
+
+
 def test_features_are_asked_of_the_target_only_for_a_draft_that_reads_them():
     s = make_scheduler()
     s.add(make_request("a", 3))
@@ -66,3 +84,22 @@ def test_features_are_asked_of_the_target_only_for_a_draft_that_reads_them():
     assert not verify_request(plan, {}, EOS).return_features
     message = draft_step_request(plan.step_id, plan.ingest, plan.propose, KV)
     assert message.ingest[0].features == b""  # the request keeps no features
+
+
+def test_a_draft_that_lost_the_request_is_rebuilt_with_every_feature():
+    # A restarted draft (or another replica): released, then the whole log from 0, each
+    # token with the feature of the position before, from the coordinator's copy.
+    s = make_scheduler()
+    r = make_request("a", 3)
+    r.features = FeatureLog(ROW)
+    s.add(r)
+    s.schedule()
+    r.num_target_cached = 4  # the prompt and the first token: the second is next to verify
+    r.commit([500, 501], EOS, 1000)
+    r.features.add(0, rows(1, 2, 3, 4))
+    r.num_draft_cached = None
+    plan = s.schedule()
+    assert plan.draft_release == [r]
+    assert [(p.start, p.token_ids) for p in plan.ingest] == [(0, [1, 2, 3, 500, 501])]
+    message = draft_step_request(plan.step_id, plan.ingest, plan.propose, KV)
+    assert message.ingest[0].features == rows(0, 1, 2, 3, 4)
