@@ -5,31 +5,20 @@ from __future__ import annotations
 
 import sys
 
-import pytest
 from e2e_stack import running_stack, service_info, wait_until
 
 from specdec.auth import INTERNAL_TOKEN_ENV
 from specdec.client import CoordinatorClient, GenerateParams, generate_concurrently
-from specdec.config import TINY_TARGET
 from specdec.launcher import ServiceProcess
 
 NEW_TOKENS = 40
 
 
-@pytest.fixture(scope="module")
-def feature_draft(tmp_path_factory) -> str:
-    """The bundled tiny target's last layer as a one-layer feature-reading draft."""
-    from feature_draft import initial_weights, save_folder
-
-    out = tmp_path_factory.mktemp("feature_draft")
-    return str(save_folder(out, TINY_TARGET, initial_weights(TINY_TARGET)))
-
-
-def test_greedy_output_equals_target_only_with_features(feature_draft, prompt_ids):
+def test_greedy_output_equals_target_only_with_features(bundled_feature_draft, prompt_ids):
     prompts = prompt_ids[:6]
     params = GenerateParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     with running_stack(
-        draft_model=feature_draft,
+        draft_model=bundled_feature_draft,
         speculative_config='{"num_speculative_tokens": 5}',
         with_baseline=True,
     ) as stack:
@@ -50,11 +39,11 @@ def test_greedy_output_equals_target_only_with_features(feature_draft, prompt_id
 
 
 def test_a_restarted_feature_draft_is_rebuilt_from_the_coordinators_features(
-    feature_draft, prompt_ids
+    bundled_feature_draft, prompt_ids
 ):
     params = GenerateParams(max_tokens=64, ignore_eos=True)
     with running_stack(
-        draft_model=feature_draft,
+        draft_model=bundled_feature_draft,
         speculative_config='{"num_speculative_tokens": 3}',
         with_baseline=True,
     ) as stack:
@@ -68,7 +57,7 @@ def test_a_restarted_feature_draft_is_rebuilt_from_the_coordinators_features(
             token_ids += [t for out in stream for t in out.token_ids]
         assert token_ids == expected[0].token_ids
         port = stack.draft_address.rsplit(":", 1)[1]
-        argv = [sys.executable, "-m", "specdec.draft_service", "--model", feature_draft,
+        argv = [sys.executable, "-m", "specdec.draft_service", "--model", bundled_feature_draft,
                 "--port", port]  # fmt: skip
         restarted = ServiceProcess(
             "draft", argv, echo=False, env={INTERNAL_TOKEN_ENV: stack.internal_token}

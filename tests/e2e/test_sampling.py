@@ -143,6 +143,23 @@ def test_drafts_cut_by_draft_p_min_keep_the_exact_distribution(target, target_mo
     assert sum(s["num_accepted_tokens"] for s in stats) > NUM_SAMPLES // 8
 
 
+def test_a_feature_reading_draft_keeps_the_exact_distribution(
+    target, target_model, prompt_ids, bundled_feature_draft
+):
+    """Proposals drawn by a draft that reads the target's features (its q depends on them):
+    verification is the same, so the output keeps the target's distribution."""
+    prompts = [prompt_ids[i % 4][:8] for i in range(NUM_SAMPLES)]
+    base = SETTINGS["T1.0-full"]
+    params = [replace(base, max_tokens=NUM_NEW, ignore_eos=True) for _ in prompts]
+    config = dict(speculative_config=SPEC_CONFIG, max_num_seqs=BATCH)
+    with running_stack(target_model=target, draft_model=bundled_feature_draft, **config) as stack:
+        outs = run(stack.address, prompts, params)
+    assert_exact(target_model, prompts, outs, base)
+    stats = [o.stats for o in outs]
+    assert sum(s["num_accepted_tokens"] for s in stats) > NUM_SAMPLES // 8
+    assert sum(s["num_accepted_tokens"] < s["num_draft_tokens"] for s in stats) > 50
+
+
 def assert_exact(target_model, prompts, outs, base: GenerateParams) -> None:
     params = dict(temperature=base.temperature, top_k=base.top_k, top_p=base.top_p)
     probs = torch.empty(len(outs), NUM_NEW, target_model.config.vocab_size)
