@@ -40,11 +40,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 
 import torch
@@ -61,7 +59,7 @@ from draft_teacher import (
 from fetch_models import DRAFT_DIR, MODEL_DIR, calibrate_kv_scales, complete_draft
 from safetensors.torch import load_file, save_file
 from torch import nn
-from train_models import log, lr_at
+from train_models import log, lr_at, run_facts
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from specdec.config import SPECULATORS_CONFIG, tuned_speculation
@@ -569,10 +567,7 @@ def main() -> None:
         "earlier": previous.get("continued_from"),
     }
     report = {
-        "recipe": asdict(recipe),
-        "python": sys.version.split()[0],
-        "package_versions": {p: metadata.version(p) for p in packages},
-        "torch_threads": torch.get_num_threads(),
+        **run_facts(recipe, packages),
         "target": str(MODEL_DIR.relative_to(ROOT)),
         "num_train_prompts_available": len(prompts),
         "num_teacher_sequences": len(data),

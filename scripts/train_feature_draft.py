@@ -34,10 +34,8 @@ import argparse
 import json
 import math
 import random
-import sys
 import time
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 
 import torch
@@ -48,7 +46,7 @@ from fetch_models import DRAFT_DIR, MODEL_DIR
 from safetensors.torch import load_file
 from torch import nn
 from train_draft import encode_chat, head_token_ids
-from train_models import log
+from train_models import log, run_facts
 from transformers import AutoTokenizer
 
 from specdec.config import tuned_speculation
@@ -385,12 +383,8 @@ def main() -> None:
     # until they are measured (the coordinator's defaults).
     settings = tuned_speculation(args.init_from) if args.init_from else {}
     save_folder(args.out, MODEL_DIR, result.pop("weights"), head_ids, speculation=settings)
-    packages = ("torch", "safetensors")
     report = {
-        "recipe": asdict(recipe),
-        "python": sys.version.split()[0],
-        "package_versions": {p: metadata.version(p) for p in packages},
-        "torch_threads": torch.get_num_threads(),
+        **run_facts(recipe, ("torch", "safetensors")),
         "target": str(MODEL_DIR.relative_to(ROOT)),
         "num_teacher_sequences": len(data),
         "num_written_chats": sum(is_chat),

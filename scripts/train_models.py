@@ -76,6 +76,17 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def run_facts(recipe, packages: tuple[str, ...]) -> dict:
+    """What every training log starts with: the recipe, Python and package versions, and
+    the threads torch ran on."""
+    return {
+        "recipe": asdict(recipe),
+        "python": sys.version.split()[0],
+        "package_versions": {p: metadata.version(p) for p in packages},
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
 def corpus_files() -> list[Path]:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     site = Path(sysconfig.get_paths()["purelib"])

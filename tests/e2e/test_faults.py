@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 
 import grpc
 import pytest
-from e2e_stack import DRAFT, running_stack, service_info, wait_until
+from e2e_stack import (
+    DRAFT,
+    restart_draft,
+    running_stack,
+    service_info,
+    stream_while_the_draft_dies,
+    wait_until,
+)
 
-from specdec.auth import INTERNAL_TOKEN_ENV
 from specdec.client import CoordinatorClient, GenerateParams, generate_concurrently
-from specdec.launcher import ServiceProcess
 
 
 @pytest.fixture(scope="module")
@@ -24,24 +28,13 @@ def stack():
 def test_a_killed_draft_means_k0_steps_then_a_restarted_draft_is_resynced(stack, prompt_ids):
     params = GenerateParams(max_tokens=96, ignore_eos=True)
     _, expected = generate_concurrently(stack.baseline_address, prompt_ids[:1], params)
-    draft = next(p for p in stack.processes if p.name == "draft")
-    with CoordinatorClient(stack.address) as client:
-        stream = client.stream(prompt_ids[0], params, timeout=120)
-        token_ids = list(next(stream).token_ids)
-        draft.proc.kill()
-        draft.proc.wait()
-        last = None
-        for last in stream:
-            token_ids += last.token_ids
+    outputs = stream_while_the_draft_dies(stack, prompt_ids[0], params)
+    token_ids = [t for out in outputs for t in out.token_ids]
+    last = outputs[-1]
     assert token_ids == expected[0].token_ids
     assert last.stats.num_k0_steps > 0
 
-    port = stack.draft_address.rsplit(":", 1)[1]
-    argv = [sys.executable, "-m", "specdec.draft_service", "--model", DRAFT, "--port", port]
-    env = {INTERNAL_TOKEN_ENV: stack.internal_token}
-    restarted = ServiceProcess("draft", argv, echo=False, env=env)
-    stack.processes.append(restarted)
-    restarted.wait_ready(120)
+    restart_draft(stack, DRAFT)
     # The coordinator re-ingests from its log once the draft answers: drafts resume.
     assert wait_until(
         lambda: generate_concurrently(stack.address, prompt_ids[1:2], params)[1][0].stats[

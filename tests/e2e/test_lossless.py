@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from e2e_stack import DRAFT, TARGET, running_stack
+from e2e_stack import DRAFT, TARGET, greedy_by_k, running_stack
 
 from specdec.client import GenerateParams, generate_concurrently
 from specdec.config import REAL_DRAFT, REAL_TARGET
@@ -85,12 +85,7 @@ def test_greedy_spec_output_equals_target_only_for_k_1_3_5(kv_cache_dtype, dtype
         with_baseline=True,
     ) as stack:
         _, target_only = generate_concurrently(stack.baseline_address, prompts, params)
-        by_k = {}
-        for k in (1, 3, 5):
-            capped = GenerateParams(
-                max_tokens=NEW_TOKENS, ignore_eos=True, num_speculative_tokens=k
-            )
-            _, by_k[k] = generate_concurrently(stack.address, prompts, capped)
+        by_k = greedy_by_k(stack, prompts, NEW_TOKENS, (1, 3, 5))
 
     expected = [o.token_ids for o in target_only]
     assert all(len(ids) == NEW_TOKENS for ids in expected)
