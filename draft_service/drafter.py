@@ -462,10 +462,10 @@ class Drafter:
         greedy = [w for w in work.values() if w.num_picks and w.feed and w.sampling.greedy]
         taken = {w.request_id for w in greedy}
         others = [w for w in work.values() if w.feed and w.request_id not in taken]
-        chunks = [
-            SequenceChunk(w.request_id, w.feed[:-1], 0, features=_head(w.feed_features))
-            for w in greedy
-        ]
+        if self.reads_features:  # no C loop: the first pick comes from the ingest forward
+            chunks = [SequenceChunk(w.request_id, w.feed, 1, 1, w.feed_features) for w in greedy]
+        else:
+            chunks = [SequenceChunk(w.request_id, w.feed[:-1], 0) for w in greedy]
         chunks += [
             SequenceChunk(w.request_id, w.feed, int(w.num_picks > 0),
                           int(w.num_picks > 0 and self.reads_features), w.feed_features)
@@ -479,13 +479,14 @@ class Drafter:
         try:
             self._open_and_truncate(work, version)
             outputs = self.runner.forward_chunks(chunks) if chunks else []
+            fed = {c.seq_id: out for c, out in zip(chunks, outputs, strict=True)}
             for (picks, min_prob, uncut), group in groups.items():
                 ids = [w.request_id for w in group]
-                features = None
                 if self.reads_features:
-                    features = torch.stack([w.feed_features[-1] for w in group])
+                    picked.update(self._picks_after_fed(ids, fed, picks, min_prob, uncut))
+                    continue
                 rows = self.runner.greedy_picks(
-                    ids, [w.feed[-1] for w in group], picks, min_prob, uncut, features
+                    ids, [w.feed[-1] for w in group], picks, min_prob, uncut
                 )
                 picked.update(zip(ids, rows, strict=True))
         except BaseException:
@@ -501,9 +502,21 @@ class Drafter:
             self._seqs[w.request_id].tail += tokens[:-1]  # fed: every pick but the last
             guess = tokens.pop(0) if w.ahead_of else None
             proposals.append(Proposal(w.request_id, tokens, None, guess))
-        first = {c.seq_id: out for c, out in zip(chunks, outputs, strict=True) if c.num_logits}
+        first = {seq_id: out for seq_id, out in fed.items() if seq_id not in taken}
+        first = {seq_id: out for seq_id, out in first.items() if out.logits.numel()}
         sampled = [w for w in others if w.num_picks]
         return proposals + (self._sample_picks(sampled, first) if sampled else [])
+
+    def _picks_after_fed(
+        self, ids: list[str], fed: dict[str, ChunkOutput], picks: int, min_prob: float, uncut: int
+    ) -> dict[str, list[int]]:
+        """A feature-reading draft's greedy picks: the first from the ingest forward's
+        logits (never cut), the rest forward by forward, each reading the hidden state the
+        forward before left (``greedy_picks``)."""
+        firsts = [int(fed[rid].logits[-1].argmax()) for rid in ids]
+        hidden = torch.cat([fed[rid].hidden for rid in ids])
+        rest = self.runner.greedy_picks(ids, firsts, picks - 1, min_prob, uncut - 1, hidden)
+        return {rid: [f, *r] for rid, f, r in zip(ids, firsts, rest, strict=True)}
 
     def _open_and_truncate(self, work: dict[str, _Work], version: int) -> None:
         """Opens the new requests' sequences; cuts the others to the KV they keep."""
@@ -646,10 +659,6 @@ class Drafter:
         # Ahead, the proposal's position counts the ahead_of tokens and the guess.
         position = seq.num_committed + (len(w.ahead_of) + 1 if w.ahead_of else 0) + index
         return q.sample(seq.stream.uniform(position, PROPOSE_DRAW)), q
-
-
-def _head(features: torch.Tensor | None) -> torch.Tensor | None:
-    return None if features is None else features[:-1]
 
 
 def _last(hidden: torch.Tensor) -> torch.Tensor | None:
