@@ -6,13 +6,8 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from specdec.draft_service.drafter import (
-    Drafter,
-    DraftStep,
-    DraftStepResult,
-    IngestPlan,
-    ProposeEntry,
-)
+from specdec.draft_service.drafter import Drafter
+from specdec.draft_service.steps import DraftStep, DraftStepResult, IngestPlan, ProposeEntry
 from specdec.model_service.batcher import Batcher
 from specdec.model_service.proto import features_from_bytes, kv_table_from_proto, model_info
 from specdec.model_service.servicer import ModelServicer

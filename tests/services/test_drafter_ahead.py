@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from test_drafter_lazy_ingest import PROMPT, SAMPLED, CountingRunner
 
-from specdec.draft_service.drafter import Drafter, DraftStep, IngestPlan, ProposeEntry
+from specdec.draft_service.drafter import Drafter
+from specdec.draft_service.steps import DraftStep, IngestPlan, ProposeEntry
 from specdec.runtime.sampling import Sampling
 
 K = 4

@@ -12,8 +12,9 @@ import pytest
 import torch
 from test_drafter_lazy_ingest import SAMPLED, schedule
 
-from specdec.draft_service.drafter import Drafter, DraftStep, IngestPlan, ProposeEntry
+from specdec.draft_service.drafter import Drafter
 from specdec.draft_service.servicer import step_from_proto
+from specdec.draft_service.steps import DraftStep, IngestPlan, ProposeEntry
 from specdec.model_service.proto import features_to_bytes
 from specdec.runtime.errors import InvalidRequestError
 from specdec.runtime.model_runner import ModelRunner

@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from specdec.draft_service.drafter import Drafter, DraftStep, IngestPlan, ProposeEntry
+from specdec.draft_service.drafter import Drafter
+from specdec.draft_service.steps import DraftStep, IngestPlan, ProposeEntry
 from specdec.runtime.model_runner import ModelRunner
 from specdec.runtime.sampling import Sampling
 

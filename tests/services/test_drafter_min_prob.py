@@ -10,7 +10,8 @@ import pytest
 import torch
 from test_drafter_lazy_ingest import PROMPT, SAMPLED
 
-from specdec.draft_service.drafter import Drafter, DraftStep, IngestPlan, ProposeEntry
+from specdec.draft_service.drafter import Drafter
+from specdec.draft_service.steps import DraftStep, IngestPlan, ProposeEntry
 from specdec.runtime.sampling import Sampling
 from specdec.runtime.sequence import SequenceChunk
 

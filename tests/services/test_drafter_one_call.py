@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from test_drafter_lazy_ingest import PROMPT, CountingRunner
 
-from specdec.draft_service.drafter import Drafter, DraftStep, IngestPlan, ProposeEntry
+from specdec.draft_service.drafter import Drafter
+from specdec.draft_service.steps import DraftStep, IngestPlan, ProposeEntry
 
 K = 4
 OTHER = PROMPT[3:]

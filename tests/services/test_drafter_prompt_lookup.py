@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from test_drafter_lazy_ingest import PROMPT, SAMPLED, CountingRunner
 
-from specdec.draft_service.drafter import Drafter, DraftStep, IngestPlan, ProposeEntry
+from specdec.draft_service.drafter import Drafter
 from specdec.draft_service.prompt_lookup import TokenHistory, check_ngram
+from specdec.draft_service.steps import DraftStep, IngestPlan, ProposeEntry
 
 LOOKUP = (3, 4)
 

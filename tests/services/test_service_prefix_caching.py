@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from service_testing import NUM_PAGES, PAGE_SIZE, chunk, entry, greedy_decode, verify
 
-from specdec.draft_service.drafter import Drafter, DraftStep, IngestPlan, ProposeEntry
+from specdec.draft_service.drafter import Drafter
 from specdec.draft_service.server import create_server as create_draft_server
+from specdec.draft_service.steps import DraftStep, IngestPlan, ProposeEntry
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2
 
 SHARED = [17, 203, 5, 88, 140, 61, 9, 230, 44, 101, 12, 7]  # 3 blocks of PAGE_SIZE
