@@ -417,7 +417,7 @@ class ModelRunner:
 
     def _forward(
         self, chunks: list[SequenceChunk], seq_ids: list[str], query_lens: list[int]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         mc = self.model_config
         meta = build_attention_metadata(self.cache, seq_ids, query_lens)
         self.backend.plan(
@@ -448,9 +448,10 @@ class ModelRunner:
             end += n
             rows.extend(range(end - chunk.num_logits, end))
             hidden_rows.extend(range(end - _hidden_rows(chunk), end))
-        states = hidden.index_select(
-            0, torch.tensor(hidden_rows, dtype=torch.int64, device=self.device)
-        )
+        states = None  # most steps ask for none: no copy for them
+        if hidden_rows:
+            rows_index = torch.tensor(hidden_rows, dtype=torch.int64, device=self.device)
+            states = hidden.index_select(0, rows_index)
         if not rows:
             return hidden.new_empty(0, self.vocab_size, dtype=torch.float32), states
         index = torch.tensor(rows, dtype=torch.int64, device=self.device)
