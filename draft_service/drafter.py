@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from specdec.draft_service.prompt_lookup import TokenHistory, check_ngram
@@ -168,7 +169,7 @@ class Drafter:
         looked_up = [w for w in work.values() if w.looked_up]
         proposals += [Proposal(w.request_id, w.looked_up, None, looked_up=True) for w in looked_up]
         for w in work.values():
-            if w.ahead_of and w.sampling.greedy and w.num_branches > 1:
+            if w.ahead_of and _argmax_picks(w) and w.num_branches > 1:
                 proposals += self._branches(w, started)
         self.num_looked_up += len(looked_up)
         if all(entry.ahead_of for entry in step.propose):
@@ -299,6 +300,9 @@ class Drafter:
         bad = [t for t in entry.ahead_of if t >= self.runner.vocab_size]
         if bad:
             raise InvalidRequestError(f"request {rid}: ahead_of holds out-of-range id {bad[0]}")
+        bad_id = entry.sampling.id_out_of_range(self.runner.vocab_size)
+        if bad_id is not None:
+            raise InvalidRequestError(f"request {rid}: sampling names out-of-range id {bad_id}")
         if not 0.0 <= entry.min_prob < 1.0:
             raise InvalidRequestError(f"request {rid}: min_prob must be in [0, 1)")
         bad_ngram = check_ngram(entry.prompt_lookup)
@@ -401,7 +405,7 @@ class Drafter:
         loop where it runs), one call per (picks, ``min_prob``) group. A sampled proposer
         then picks forward by forward (``_sample_picks``). An ahead request's first pick
         is its guess (the draft's argmax), never cut by ``min_prob``."""
-        greedy = [w for w in work.values() if w.num_picks and w.feed and w.sampling.greedy]
+        greedy = [w for w in work.values() if w.num_picks and w.feed and _argmax_picks(w)]
         taken = {w.request_id for w in greedy}
         others = [w for w in work.values() if w.feed and w.request_id not in taken]
         if self.reads_features:  # no C loop: the first pick comes from the ingest forward
@@ -486,11 +490,13 @@ class Drafter:
                     seq.last_feature = w.committed_features[-1]
 
     def _sample_picks(self, work: list[_Work], first: dict[str, ChunkOutput]) -> list[Proposal]:
-        """Sampled proposals, forward by forward: each further pick is one forward over
-        the requests still picking (a feature-reading draft's reads the hidden state the
-        forward before left). An ahead request's first pick is its guess (the draft's
-        argmax), the rest its proposals. A request stops picking at its first proposal after
-        the first less likely than its ``min_prob``."""
+        """Sampled proposals (and greedy ones under logits processing), forward by forward:
+        each further pick is one forward over the requests still picking (a
+        feature-reading draft's reads the hidden state the forward before left). An ahead
+        request's first pick is its guess (the draft's argmax), the rest its proposals. A
+        request stops picking at its first proposal after the first less likely than its
+        ``min_prob``. Each pick's logits are processed after the committed log and the
+        picks before it, as the target processes that position."""
         tokens: dict[str, list[int]] = {w.request_id: [] for w in work}
         probs: dict[str, list[SparseProbs]] = {w.request_id: [] for w in work}
         stopped: set[str] = set()
@@ -511,16 +517,19 @@ class Drafter:
                 for w in active:
                     self._seqs[w.request_id].tail.append(tokens[w.request_id][-1])
             for w in active:
+                rid = w.request_id
+                row_logits = self._processed(w, logits[rid].logits[-1:], tokens[rid])
                 if w.ahead_of and position == 0:
-                    tokens[w.request_id].append(int(logits[w.request_id].logits[-1].argmax()))
+                    tokens[rid].append(int(row_logits[-1].argmax()))
                     continue
                 index = position - (1 if w.ahead_of else 0)
-                token, row = self._sample(w, logits[w.request_id].logits, index)
+                token, row = self._sample(w, row_logits, index)
                 if token is None:
                     stopped.add(w.request_id)
                     continue
                 tokens[w.request_id].append(token)
-                probs[w.request_id].append(row)
+                if row is not None:  # greedy: no q
+                    probs[w.request_id].append(row)
         proposals = []
         for w in work:
             picked = tokens[w.request_id]
@@ -583,6 +592,14 @@ class Drafter:
         self._seqs[w.request_id].tail += [guess, *picked[0]][: len(picked[0])]
         return picked[0]
 
+    def _processed(self, w: _Work, logits: torch.Tensor, picked: list[int]) -> torch.Tensor:
+        """A pick's logits after the request's processing: the position follows the
+        committed log, ``ahead_of`` and the picks before (``picked``)."""
+        if not w.sampling.reads_history:
+            return logits
+        before = np.concatenate([self._seqs[w.request_id].history.ids, w.ahead_of, picked])
+        return w.sampling.processed(logits, before.astype(np.int64), ())
+
     def _sample(
         self, w: _Work, logits: torch.Tensor, index: int
     ) -> tuple[int | None, SparseProbs | None]:
@@ -592,6 +609,11 @@ class Drafter:
         ``(None, None)`` where q's likeliest token is below ``min_prob`` and it is not the
         first proposal (``index`` 0): the proposals end here."""
         cut = w.min_prob if index > 0 else 0.0
+        if w.sampling.greedy:  # under logits processing (else the greedy path picks)
+            token = int(logits[-1].argmax())
+            if cut and float(torch.softmax(logits[-1], -1)[token]) < cut:
+                return None, None
+            return token, None
         seq = self._seqs[w.request_id]
         if seq.stream is None:
             seq.stream = w.sampling.random_stream(DRAFT_DOMAIN)
@@ -601,6 +623,11 @@ class Drafter:
         # Ahead, the proposal's position counts the ahead_of tokens and the guess.
         position = seq.num_committed + (len(w.ahead_of) + 1 if w.ahead_of else 0) + index
         return q.sample(seq.stream.uniform(position, PROPOSE_DRAW)), q
+
+
+def _argmax_picks(w: _Work) -> bool:
+    """The request's proposals are the draft's argmax picks (``greedy_picks``)."""
+    return w.sampling.greedy and not w.sampling.reads_history
 
 
 def _last(hidden: torch.Tensor) -> torch.Tensor | None:

@@ -23,6 +23,11 @@ class TokenHistory:
     def __len__(self) -> int:
         return self._len
 
+    @property
+    def ids(self) -> np.ndarray:
+        """The ids held (a view)."""
+        return self._ids[: self._len]
+
     def extend(self, token_ids: tuple[int, ...] | list[int]) -> None:
         end = self._len + len(token_ids)
         if end > len(self._ids):

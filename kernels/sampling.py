@@ -3,18 +3,25 @@ compact distribution (``SparseProbs``)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 
 def logits_to_probs(
-    logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
 ) -> torch.Tensor:
     """Float32 probabilities ``[N, V]`` from logits ``[N, V]`` of any float dtype.
 
-    ``temperature`` must be > 0 (greedy is handled by the caller with argmax).
-    ``top_k = 0`` and ``top_p = 1.0`` switch those filters off; filtered tokens get
+    ``temperature`` must be > 0 (greedy is handled by the caller with argmax). Then, in
+    vLLM's order: ``min_p`` drops the tokens less likely than ``min_p`` times the likeliest,
+    ``top_k`` keeps the k likeliest, ``top_p`` the smallest set reaching that mass.
+    ``min_p = 0``, ``top_k = 0`` and ``top_p = 1.0`` switch them off; filtered tokens get
     probability exactly 0 and the rest are renormalised. At least one token always stays.
     """
     if temperature <= 0:
@@ -23,8 +30,14 @@ def logits_to_probs(
         raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if not 0.0 <= min_p <= 1.0:
+        raise ValueError(f"min_p must be in [0, 1], got {min_p}")
     scores = logits.to(torch.float32) / temperature
     vocab = scores.shape[-1]
+    if min_p > 0:
+        # p < min_p * p_max  <=>  score < max score + log(min_p)
+        floor = scores.max(dim=-1, keepdim=True).values + math.log(min_p)
+        scores = scores.masked_fill(scores < floor, float("-inf"))
     if 0 < top_k < vocab:
         kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -92,3 +105,28 @@ class SparseProbs:
         return torch.zeros(vocab_size, dtype=torch.float32).index_copy_(
             0, self.token_ids, self.probs
         )
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """One emitted token's logprob and the ``top`` most likely tokens' (ids, logprobs)."""
+
+    logprob: float
+    top_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], num_top: int) -> list[TokenLogprobs]:
+    """Row ``i`` of ``logits`` ``[len(tokens), V]`` scores ``tokens[i]``: its log-softmax
+    (float32) at that token, and the ``num_top`` largest with their ids."""
+    logprobs = torch.log_softmax(logits.to(torch.float32), dim=-1)
+    picked = logprobs[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+    top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (None, None)
+    return [
+        TokenLogprobs(
+            lp,
+            tuple(top_ids[i].tolist()) if num_top else (),
+            tuple(top_values[i].tolist()) if num_top else (),
+        )
+        for i, lp in enumerate(picked)
+    ]

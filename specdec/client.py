@@ -27,6 +27,14 @@ class GenerateParams:
     num_speculative_tokens: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    logprobs: int | None = None  # top logprobs per token (0-20); None: no logprobs
+    n: int = 1
 
 
 @dataclass
@@ -40,6 +48,8 @@ class Completion:
     stats: dict = field(default_factory=dict)
     seconds: float = 0.0
     first_token_seconds: float = 0.0  # time to the first token (prefill included)
+    # With params.logprobs: per token, (its logprob, [(top token id, logprob), ...]).
+    logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
 
     @property
     def decode_tok_s(self) -> float:
@@ -64,11 +74,20 @@ def generate_request(
     message = coordinator_pb2.GenerateRequest(
         request_id=request_id,
         sampling=common_pb2.SamplingParams(
-            temperature=params.temperature, top_p=params.top_p, top_k=params.top_k
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            min_p=params.min_p,
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+            repetition_penalty=params.repetition_penalty,
+            logit_bias=dict(params.logit_bias),
+            min_tokens=params.min_tokens,
         ),
         max_tokens=params.max_tokens,
         stop_token_ids=params.stop_token_ids,
         ignore_eos=params.ignore_eos,
+        n=params.n,
     )
     if isinstance(prompt, str):
         message.text = prompt
@@ -79,6 +98,8 @@ def generate_request(
         message.token_ids.ids.extend(prompt)
     if params.seed is not None:
         message.sampling.seed = params.seed
+    if params.logprobs is not None:
+        message.sampling.logprobs = params.logprobs
     if params.num_speculative_tokens is not None:
         message.num_speculative_tokens = params.num_speculative_tokens
     return message
@@ -120,22 +141,38 @@ class CoordinatorClient:
         on_text: Callable[[str], None] | None = None,
         timeout: float | None = None,
     ) -> Completion:
-        """Runs one request to the end; `on_text` sees each text delta as it arrives."""
-        out = Completion()
+        """Runs one request to the end (its first sample when n > 1); `on_text` sees each
+        text delta as it arrives."""
+        return self.generate_samples(prompt, params, on_text, timeout)[0]
+
+    def generate_samples(
+        self,
+        prompt: Prompt,
+        params: GenerateParams,
+        on_text: Callable[[str], None] | None = None,
+        timeout: float | None = None,
+    ) -> list[Completion]:
+        """Runs one request to the end: its ``params.n`` samples, by index."""
+        outs = [Completion() for _ in range(max(params.n, 1))]
         start = time.perf_counter()
         for response in self.stream(prompt, params, timeout):
+            out = outs[response.index]
             if response.token_ids and not out.token_ids:
                 out.first_token_seconds = time.perf_counter() - start
             out.token_ids.extend(response.token_ids)
             out.text += response.text
             out.num_prompt_tokens = response.num_prompt_tokens
+            out.logprobs += [
+                (t.logprob, list(zip(t.top_token_ids, t.top_logprobs, strict=True)))
+                for t in response.logprobs
+            ]
             if on_text is not None and response.text:
                 on_text(response.text)
             if response.finish_reason:
                 out.finish_reason = response.finish_reason
                 out.stats = stats_dict(response.stats)
-        out.seconds = time.perf_counter() - start
-        return out
+                out.seconds = time.perf_counter() - start
+        return outs
 
     def totals(self) -> coordinator_pb2.SpecDecodeStats:
         return self.stub.GetStats(

@@ -83,6 +83,12 @@ def result_to_proto(r: VerifyResult) -> target_pb2.VerifyResult:
         num_prefix_cached_tokens=r.num_prefix_cached_tokens,
         features=features_to_bytes(r.features),
         feature_start=r.feature_start,
+        logprobs=[
+            common_pb2.TokenLogprobs(
+                logprob=t.logprob, top_token_ids=t.top_ids, top_logprobs=t.top_logprobs
+            )
+            for t in r.logprobs or ()
+        ],
     )
     if r.error is not None:
         result.error_code = status_code_for(r.error).name

@@ -12,7 +12,7 @@ import torch
 
 from specdec.kernels.paged_kv_cache import OutOfPagesError
 from specdec.kernels.random_stream import SAMPLE_DRAW, TARGET_DOMAIN, RandomStream
-from specdec.kernels.sampling import SparseProbs, sample_token
+from specdec.kernels.sampling import SparseProbs, TokenLogprobs, sample_token, token_logprobs
 from specdec.kernels.verify import chain_speculative_sampling, verify_greedy
 from specdec.runtime.errors import InvalidRequestError, OutOfSyncError, UnknownRequestError
 from specdec.runtime.model_runner import ChunkOutput, ModelRunner
@@ -68,6 +68,8 @@ class VerifyResult:
     # kept, from feature_start (a verify: the last token's and the accepted proposals').
     features: torch.Tensor | None = None
     feature_start: int = 0
+    # With sampling.logprobs set: one per token_ids entry, from the raw logits.
+    logprobs: list[TokenLogprobs] | None = None
 
 
 class Verifier:
@@ -83,6 +85,7 @@ class Verifier:
         # Per held sequence: its draws, keyed by (seed or fresh entropy, position), so the
         # target's acceptance tests never share a stream with the draft's proposals.
         self._streams: dict[str, RandomStream] = {}
+        self._history: dict[str, list[int]] = {}  # the tokens held, from position 0
         self._prefilled: set[str] = set()  # sequences whose last prefill chunk has run
         self.num_steps = 0
         # Multi-step bursts: the one running (named by its caller and step id), the last
@@ -101,6 +104,7 @@ class Verifier:
         for rid in dict.fromkeys(request_ids):
             if self._streams.pop(rid, None) is not None:
                 self._prefilled.discard(rid)
+                self._history.pop(rid, None)
                 self.runner.release(rid)
                 released += 1
         return released
@@ -148,6 +152,7 @@ class Verifier:
         for c in opened:
             self.runner.open(c.request_id)
             self._streams[c.request_id] = c.sampling.random_stream(TARGET_DOMAIN)
+            self._history[c.request_id] = []
         chunks = [
             SequenceChunk(c.request_id, list(c.token_ids), int(c.emits),
                           len(c.token_ids) if return_features else 0)
@@ -209,7 +214,8 @@ class Verifier:
             raise InvalidRequestError(
                 "num_steps > 1 runs decode entries without proposals only (K = 0)"
             )
-        if decode and all(e.sampling.greedy for e in decode) and not return_features:
+        plain = all(e.sampling.greedy and not e.sampling.needs_logits for e in decode)
+        if decode and plain and not return_features:
             greedy = self._greedy_decode(decode, num_steps, failed)
             if greedy is not None:
                 return greedy
@@ -247,6 +253,7 @@ class Verifier:
                     token_ids=before.token_ids + r.token_ids,
                     num_cached_tokens=r.num_cached_tokens,
                     features=_joined(before.features, r.features),
+                    logprobs=None if r.logprobs is None else before.logprobs + r.logprobs,
                 )
             live = [e for e in live if not self._stops(e, results[e.request_id].token_ids)]
         return list(results.values())
@@ -283,6 +290,7 @@ class Verifier:
                 )
                 held = e.start_position + keep  # the fed token and every kept one but the last
                 self.runner.truncate(e.request_id, held)
+                self._history[e.request_id] += [e.last_token_id, *emitted[: keep - 1]]
                 results.append(VerifyResult(e.request_id, emitted[:keep], 0, held))
         return results + [
             VerifyResult(rid, [], 0, self._held(rid), error=e) for rid, e in failed.items()
@@ -297,6 +305,7 @@ class Verifier:
             self.release([rid])
         else:
             self.runner.truncate(rid, held_before)
+            del self._history[rid][held_before:]
 
     # ---- validation (no state changes) -----------------------------------------------------
 
@@ -326,6 +335,7 @@ class Verifier:
         if c.is_last and not c.token_ids:
             raise InvalidRequestError(f"request {rid}: the last prefill chunk is empty")
         self._check_tokens(rid, c.token_ids)
+        self._check_sampling(rid, c.sampling)
         if held + len(c.token_ids) > max_len:
             raise InvalidRequestError(
                 f"request {rid}: {held + len(c.token_ids)} tokens exceed max_model_len={max_len}"
@@ -347,6 +357,7 @@ class Verifier:
             )
         k = len(e.proposal_ids)
         self._check_tokens(rid, (e.last_token_id, *e.proposal_ids))
+        self._check_sampling(rid, e.sampling)
         if held + 1 + k > max_len:
             raise InvalidRequestError(
                 f"request {rid}: {held} tokens + 1 + K={k} exceed max_model_len={max_len}"
@@ -371,28 +382,46 @@ class Verifier:
                 f"request {rid}: token id {bad[0]} is out of range (vocab size {vocab})"
             )
 
+    def _check_sampling(self, rid: str, sampling: Sampling) -> None:
+        bad = sampling.id_out_of_range(self.runner.vocab_size)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"request {rid}: logit_bias or min_tokens_stop_ids names token id {bad}, "
+                f"out of range (vocab size {self.runner.vocab_size})"
+            )
+
     # ---- results ---------------------------------------------------------------------------
 
     def _emit_first(self, c: PrefillChunk, out: ChunkOutput) -> VerifyResult:
-        logits = out.logits
+        history = self._history[c.request_id]
+        history += c.token_ids
         tokens: list[int] = []
+        logprobs = None
         if c.emits:
+            raw = out.logits[-1:]
+            logits = c.sampling.processed(raw, history, ())
             if c.sampling.greedy:
                 tokens = [int(logits[-1].argmax())]
             else:
                 position = c.start_position + len(c.token_ids)  # of the token sampled here
                 u = self._streams[c.request_id].uniform(position, SAMPLE_DRAW)
-                tokens = [sample_token(c.sampling.probs(logits[-1:])[0], u)]
+                tokens = [sample_token(c.sampling.probs(logits)[0], u)]
+            if c.sampling.logprobs is not None:
+                logprobs = token_logprobs(raw, tokens, c.sampling.logprobs)
         rid, hits = c.request_id, self.runner.last_prefix_hits.get(c.request_id, 0)
         held = self.runner.seq_len(rid)
         features = out.hidden if out.hidden.numel() else None
         start = held - (0 if features is None else features.shape[0])
         return VerifyResult(rid, tokens, 0, held, num_prefix_cached_tokens=hits,
-                            features=features, feature_start=start)  # fmt: skip
+                            features=features, feature_start=start,
+                            logprobs=logprobs)  # fmt: skip
 
     def _accept(self, e: VerifyEntry, out: ChunkOutput) -> VerifyResult:
-        logits = out.logits
         proposals = list(e.proposal_ids)
+        history = self._history[e.request_id]
+        logits = out.logits
+        if e.sampling.reads_history:
+            logits = e.sampling.processed(logits, [*history, e.last_token_id], proposals)
         if e.sampling.greedy:
             emitted, accepted = verify_greedy(logits, proposals)
         else:
@@ -406,12 +435,16 @@ class Verifier:
             emitted, accepted = chain_speculative_sampling(
                 q, proposals, p, self._streams[e.request_id], e.start_position + 1
             )
+        logprobs = None
+        if e.sampling.logprobs is not None:
+            logprobs = token_logprobs(out.logits[: len(emitted)], emitted, e.sampling.logprobs)
         # Drop the KV of rejected proposals before answering.
         self.runner.truncate(e.request_id, e.start_position + 1 + accepted)
+        history += [e.last_token_id, *proposals[:accepted]]
         held = self.runner.seq_len(e.request_id)
         features = out.hidden[: accepted + 1] if out.hidden.numel() else None
         return VerifyResult(e.request_id, emitted, accepted, held, features=features,
-                            feature_start=e.start_position)  # fmt: skip
+                            feature_start=e.start_position, logprobs=logprobs)  # fmt: skip
 
 
 def _check_draft_probs(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import replace
 
 from specdec.coordinator.engine.core import ModelLimits
 from specdec.coordinator.engine.errors import InvalidRequest
@@ -14,6 +15,7 @@ from specdec.coordinator.engine.request import MIN_SAMPLING_TEMPERATURE, Request
 
 MAX_SEED = 2**64 - 1  # the services' seed is a uint64 (common.proto)
 MAX_REQUEST_ID_CHARS = 256
+MAX_LOGPROBS = 20  # top logprobs per token (OpenAI's top_logprobs limit; runtime/sampling.py)
 
 
 def checked_request(
@@ -21,10 +23,7 @@ def checked_request(
     prompt_ids: list[int],
     limits: ModelLimits,
     *,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    seed: int | None,
+    sampling: SamplingParams,
     max_tokens: int | None,
     stop_token_ids: Iterable[int] = (),
     ignore_eos: bool = False,
@@ -34,7 +33,8 @@ def checked_request(
     """A `Request`, or InvalidRequest saying which value is wrong and what would fit.
     Within the engine the request is ``scope/request_id``, apart from other callers'.
 
-    ``top_p`` 0 and ``max_tokens`` None or 0 mean unset (the rest of the context)."""
+    ``sampling`` as the client sent it: ``top_p`` 0 and ``repetition_penalty`` 0 mean
+    unset; ``max_tokens`` None or 0 means the rest of the context."""
     if len(request_id) > MAX_REQUEST_ID_CHARS:
         raise InvalidRequest(
             f"request_id has {len(request_id)} characters; at most {MAX_REQUEST_ID_CHARS}"
@@ -50,21 +50,15 @@ def checked_request(
         raise InvalidRequest(
             f"stop_token_ids {outside} are out of range (vocab size {limits.vocab_size})"
         )
-    if seed is not None and not 0 <= seed <= MAX_SEED:
-        raise InvalidRequest(f"seed must be an integer in [0, 2^64 - 1], got {seed}")
     if max_tokens is not None and max_tokens < 0:
         raise InvalidRequest(f"max_tokens must be >= 0 (0 = unset), got {max_tokens}")
     if k_cap is not None and k_cap < 0:
         raise InvalidRequest(f"num_speculative_tokens must be >= 0, got {k_cap}")
-    if not math.isfinite(temperature) or temperature < 0:
+    sampling = checked_sampling(sampling, limits.vocab_size)
+    if max_tokens and sampling.min_tokens > max_tokens:
         raise InvalidRequest(
-            f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}"
+            f"min_tokens ({sampling.min_tokens}) must be at most max_tokens ({max_tokens})"
         )
-    top_p = top_p if top_p != 0 else 1.0
-    if math.isnan(top_p) or not 0 < top_p <= 1:
-        raise InvalidRequest(f"top_p must be in (0, 1], got {top_p}")
-    if top_k < 0:
-        raise InvalidRequest(f"top_k must be >= 0 (0 = off), got {top_k}")
     num_prompt = len(prompt_ids)
     room = limits.max_model_len - num_prompt
     if room < 1:
@@ -81,15 +75,53 @@ def checked_request(
         request_id=f"{scope}/{request_id}" if scope else request_id,
         client_request_id=request_id,
         prompt_ids=prompt_ids,
-        sampling=SamplingParams(
-            # As in vLLM, temperatures too small to divide logits by safely are greedy.
-            temperature=temperature if temperature >= MIN_SAMPLING_TEMPERATURE else 0.0,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-        ),
+        sampling=sampling,
         max_tokens=max_tokens,
         stop_token_ids=stop_token_ids,
         ignore_eos=ignore_eos,
         k_cap=k_cap,
+    )
+
+
+def checked_sampling(s: SamplingParams, vocab_size: int) -> SamplingParams:
+    """``s`` with its unset values normalised, or InvalidRequest naming the value that is
+    out of range (OpenAI's ranges for the penalties and logit_bias, vLLM's for the rest)."""
+    if s.seed is not None and not 0 <= s.seed <= MAX_SEED:
+        raise InvalidRequest(f"seed must be an integer in [0, 2^64 - 1], got {s.seed}")
+    if not math.isfinite(s.temperature) or s.temperature < 0:
+        raise InvalidRequest(
+            f"temperature must be a finite number >= 0 (0 = greedy), got {s.temperature}"
+        )
+    top_p = s.top_p if s.top_p != 0 else 1.0
+    if math.isnan(top_p) or not 0 < top_p <= 1:
+        raise InvalidRequest(f"top_p must be in (0, 1], got {top_p}")
+    if s.top_k < 0:
+        raise InvalidRequest(f"top_k must be >= 0 (0 = off), got {s.top_k}")
+    if math.isnan(s.min_p) or not 0 <= s.min_p <= 1:
+        raise InvalidRequest(f"min_p must be in [0, 1], got {s.min_p}")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(s, name)
+        if math.isnan(value) or not -2 <= value <= 2:
+            raise InvalidRequest(f"{name} must be in [-2, 2], got {value}")
+    repetition = s.repetition_penalty or 1.0
+    if math.isnan(repetition) or not 0 < repetition <= 2:
+        raise InvalidRequest(f"repetition_penalty must be in (0, 2], got {repetition}")
+    for token, bias in s.logit_bias:
+        if not 0 <= token < vocab_size:
+            raise InvalidRequest(
+                f"logit_bias names token id {token}, out of range (vocab size {vocab_size})"
+            )
+        if math.isnan(bias) or not -100 <= bias <= 100:
+            raise InvalidRequest(f"logit_bias for token {token} must be in [-100, 100], got {bias}")
+    if s.min_tokens < 0:
+        raise InvalidRequest(f"min_tokens must be >= 0, got {s.min_tokens}")
+    if s.logprobs is not None and not 0 <= s.logprobs <= MAX_LOGPROBS:
+        raise InvalidRequest(f"logprobs must be in [0, {MAX_LOGPROBS}], got {s.logprobs}")
+    return replace(
+        s,
+        # As in vLLM, temperatures too small to divide logits by safely are greedy.
+        temperature=s.temperature if s.temperature >= MIN_SAMPLING_TEMPERATURE else 0.0,
+        top_p=top_p,
+        repetition_penalty=repetition,
+        logit_bias=tuple(sorted(s.logit_bias)),
     )

@@ -34,8 +34,9 @@ from specdec.auth.tls import TLSFiles
 from specdec.coordinator.api.admission import checked_request
 from specdec.coordinator.api.chat import ChatTemplate
 from specdec.coordinator.api.detokenizer import IncrementalDetokenizer, load_tokenizer
-from specdec.coordinator.api.output_stream import caller_scope, run_request, status_code
+from specdec.coordinator.api.output_stream import caller_scope, status_code
 from specdec.coordinator.api.prompts import PromptEncoder
+from specdec.coordinator.api.samples import run_samples, sample_requests
 from specdec.coordinator.api.undecodable import UndecodableRequestInterceptor
 from specdec.coordinator.api.vllm_worker import SERVICE_NAME as VLLM_SERVICE_NAME
 from specdec.coordinator.api.vllm_worker import ServedModel, VllmEngineServicer, add_to_server
@@ -44,7 +45,7 @@ from specdec.coordinator.engine.core import Engine, ModelLimits
 from specdec.coordinator.engine.errors import InvalidRequest, SpecDecError
 from specdec.coordinator.engine.kv_pool import KVPool
 from specdec.coordinator.engine.metrics import Metrics, create_metrics, serve_metrics
-from specdec.coordinator.engine.request import Request
+from specdec.coordinator.engine.request import Request, SamplingParams
 from specdec.coordinator.engine.stats import SpecStats
 from specdec.coordinator.engine.step_streams import StreamedStub
 from specdec.flags import from_args, parser_for
@@ -106,10 +107,19 @@ async def build_request(
         await prompt_ids_of(message, encoder),
         limits,
         scope=scope,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        seed=s.seed if s.HasField("seed") else None,
+        sampling=SamplingParams(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            seed=s.seed if s.HasField("seed") else None,
+            min_p=s.min_p,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+            repetition_penalty=s.repetition_penalty,
+            logit_bias=tuple(s.logit_bias.items()),
+            min_tokens=s.min_tokens,
+            logprobs=s.logprobs if s.HasField("logprobs") else None,
+        ),
         max_tokens=message.max_tokens,
         stop_token_ids=message.stop_token_ids,
         ignore_eos=message.ignore_eos,
@@ -129,24 +139,29 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         try:
             scope = caller_scope("coordinator", context)
             req = await build_request(request, self.encoder, self.engine.limits, scope)
+            samples = sample_requests(req, request.n)
         except SpecDecError as e:
             await context.abort(status_code(e), str(e))
-        detokenizer = IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None
-        async for out in run_request(self.engine, req, context):
+        detokenizers = [
+            IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None for _ in samples
+        ]
+        async for index, out in run_samples(self.engine, samples, context):
             text = ""
-            if detokenizer is not None:
+            if detokenizers[index] is not None:
                 # A stop token ends the text but stays in token_ids.
                 ids = out.token_ids[:-1] if out.finish_reason == "stop" else out.token_ids
-                text = detokenizer.update(ids, final=out.finished)
+                text = detokenizers[index].update(ids, final=out.finished)
             response = coordinator_pb2.GenerateResponse(
                 request_id=req.client_request_id,
                 token_ids=out.token_ids,
                 text=text,
                 num_prompt_tokens=req.num_prompt_tokens,
+                logprobs=out.logprobs or (),
+                index=index,
             )
             if out.finished:
                 response.finish_reason = out.finish_reason or ""
-                response.stats.CopyFrom(stats_pb(req.stats))
+                response.stats.CopyFrom(stats_pb(samples[index].stats))
             yield response
 
     async def GetStats(

@@ -19,20 +19,21 @@ import time
 import uuid
 import zipfile
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
 from tokenizers import Tokenizer
 
-from specdec.coordinator.api.admission import checked_request
+from specdec.coordinator.api.admission import MAX_LOGPROBS, checked_request
 from specdec.coordinator.api.detokenizer import IncrementalDetokenizer
-from specdec.coordinator.api.output_stream import caller_scope, run_request, status_code
+from specdec.coordinator.api.output_stream import caller_scope, status_code
 from specdec.coordinator.api.prompts import PromptEncoder
+from specdec.coordinator.api.samples import run_samples, sample_requests
 from specdec.coordinator.engine.core import Engine
 from specdec.coordinator.engine.errors import InvalidRequest, SpecDecError
-from specdec.coordinator.engine.request import Request
+from specdec.coordinator.engine.request import Request, SamplingParams
 
 SERVICE_NAME = vllm_engine_pb2.DESCRIPTOR.services_by_name["VllmEngine"].full_name
 API_SCOPE = "vllm"  # this API's request ids, apart from specdec.v1.Coordinator's
@@ -76,15 +77,7 @@ def unsupported_fields(message: vllm_engine_pb2.GenerateRequest) -> list[str]:
     """The fields of a Generate request that ask for something specdec does not do."""
     p = message.sampling_params
     asked = {
-        "sampling_params.n": p.n > 1,
-        "sampling_params.logprobs": p.HasField("logprobs"),
         "sampling_params.prompt_logprobs": p.HasField("prompt_logprobs"),
-        "sampling_params.min_p": p.min_p > 0,
-        "sampling_params.frequency_penalty": p.frequency_penalty != 0,
-        "sampling_params.presence_penalty": p.presence_penalty != 0,
-        "sampling_params.repetition_penalty": p.repetition_penalty not in (0, 1),
-        "sampling_params.min_tokens": p.min_tokens > 0,
-        "sampling_params.logit_bias": bool(p.logit_bias),
         "sampling_params.truncate_prompt_tokens": p.HasField("truncate_prompt_tokens"),
         f"sampling_params.{p.WhichOneof('constraint')}": p.WhichOneof("constraint") is not None,
         "mm_inputs": message.HasField("mm_inputs") or bool(message.extra_mm_inputs),
@@ -108,7 +101,7 @@ async def request_from_proto(
     if refused:
         raise InvalidRequest(
             f"specdec does not support {', '.join(refused)}; leave "
-            f"{'it' if len(refused) == 1 else 'them'} unset (n at most 1)"
+            f"{'it' if len(refused) == 1 else 'them'} unset"
         )
     kind = message.WhichOneof("input")
     if kind == "tokenized":
@@ -125,13 +118,49 @@ async def request_from_proto(
         prompt_ids,
         engine.limits,
         scope=scope,
-        temperature=p.temperature if p.HasField("temperature") else 1.0,  # vLLM's default
-        top_p=p.top_p,
-        top_k=p.top_k,
-        seed=p.seed if p.HasField("seed") else None,
+        sampling=SamplingParams(
+            temperature=p.temperature if p.HasField("temperature") else 1.0,  # vLLM's default
+            top_p=p.top_p,
+            top_k=p.top_k,
+            seed=p.seed if p.HasField("seed") else None,
+            min_p=p.min_p,
+            presence_penalty=p.presence_penalty,
+            frequency_penalty=p.frequency_penalty,
+            repetition_penalty=p.repetition_penalty,
+            logit_bias=tuple(p.logit_bias.items()),
+            min_tokens=p.min_tokens,
+            logprobs=_logprobs(p),
+        ),
         max_tokens=p.max_tokens if p.HasField("max_tokens") else None,
         stop_token_ids=p.stop_token_ids,
         ignore_eos=p.ignore_eos,
+    )
+
+
+def _logprobs(p: vllm_engine_pb2.SamplingParams) -> int | None:
+    if not p.HasField("logprobs"):
+        return None
+    if p.logprobs < 0:
+        raise InvalidRequest(
+            f"sampling_params.logprobs {p.logprobs} (every token's) is not supported; ask "
+            f"for at most {MAX_LOGPROBS}"
+        )
+    return p.logprobs
+
+
+def output_logprobs(
+    token_ids: list[int], logprobs: list | None
+) -> vllm_engine_pb2.OutputLogProbs | None:
+    """The gateway's message for ``token_ids`` and their ``common_pb2.TokenLogprobs``."""
+    if logprobs is None:
+        return None
+    return vllm_engine_pb2.OutputLogProbs(
+        token_logprobs=[t.logprob for t in logprobs],
+        token_ids=token_ids,
+        top_logprobs=[
+            vllm_engine_pb2.TopLogProbs(values=t.top_logprobs, token_ids=t.top_token_ids)
+            for t in logprobs
+        ],
     )
 
 
@@ -176,6 +205,19 @@ def tokenizer_archive(folder: str) -> bytes:
     return buffer.getvalue()
 
 
+@dataclass
+class _Output:
+    """One sample's tokens so far (and their logprobs when asked; else None)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list | None = None
+
+    def extend(self, delta: _Output) -> None:
+        self.token_ids += delta.token_ids
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + delta.logprobs
+
+
 class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
     def __init__(
         self,
@@ -198,33 +240,45 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
         try:
             scope = caller_scope(API_SCOPE, context)
             req = await request_from_proto(request, self.engine, self.encoder, scope)
-            stops = StopStrings(list(request.sampling_params.stop), self.tokenizer)
+            samples = sample_requests(req, request.sampling_params.n)
+            stops = [
+                StopStrings(list(request.sampling_params.stop), self.tokenizer) for _ in samples
+            ]
         except SpecDecError as e:
             await context.abort(status_code(e), str(e))
-        output: list[int] = []
-        async for out in run_request(self.engine, req, context):
-            keep = stops.update(out.token_ids)
-            delta = out.token_ids[:keep]
-            output += delta
-            finish = "stop" if stops.matched is not None else out.finish_reason
+        outputs: list[_Output] = [_Output() for _ in samples]
+        ended: set[int] = set()
+        async for index, out in run_samples(self.engine, samples, context, ended):
+            sample, output, stop = samples[index], outputs[index], stops[index]
+            keep = stop.update(out.token_ids)
+            logprobs = None if out.logprobs is None else out.logprobs[:keep]
+            delta = _Output(out.token_ids[:keep], logprobs)
+            output.extend(delta)
+            finish = "stop" if stop.matched is not None else out.finish_reason
             if request.stream:
                 yield vllm_engine_pb2.GenerateResponse(
                     chunk=vllm_engine_pb2.GenerateStreamChunk(
-                        token_ids=delta,
-                        prompt_tokens=req.num_prompt_tokens,
-                        completion_tokens=len(output),
-                        cached_tokens=req.stats.num_cached_tokens,
+                        token_ids=delta.token_ids,
+                        prompt_tokens=sample.num_prompt_tokens,
+                        completion_tokens=len(output.token_ids),
+                        cached_tokens=sample.stats.num_cached_tokens,
+                        output_logprobs=output_logprobs(delta.token_ids, delta.logprobs),
+                        index=index,
                     )
                 )
             if finish is not None:
                 # Streamed, the last chunk's tokens come again here, as vLLM's servicer
                 # sends them; the gateway keeps the streamed ones.
-                yield self._complete(req, delta if request.stream else output, finish, stops)
-                break  # a stop string: leaving aborts the request and frees its KV
+                last = delta if request.stream else output
+                yield self._complete(sample, index, last, finish, stop)
+                ended.add(index)  # a stop string: that frees its KV
+                if len(ended) == len(samples):
+                    break
 
     def _complete(
-        self, req: Request, output_ids: list[int], finish: str, stops: StopStrings
+        self, req: Request, index: int, output: _Output, finish: str, stops: StopStrings
     ) -> vllm_engine_pb2.GenerateResponse:
+        output_ids = output.token_ids
         complete = vllm_engine_pb2.GenerateComplete(
             output_ids=output_ids,
             finish_reason=finish,
@@ -233,6 +287,8 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
             cached_tokens=req.stats.num_cached_tokens,
             spec_accepted_tokens=req.stats.num_accepted_tokens,
             spec_draft_tokens=req.stats.num_draft_tokens,
+            output_logprobs=output_logprobs(output_ids, output.logprobs),
+            index=index,
         )
         if stops.matched is not None:
             complete.matched_stop_str = stops.matched
@@ -245,7 +301,7 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
     ) -> vllm_engine_pb2.AbortResponse:
         scope = caller_scope(API_SCOPE, context)
         for request_id in request.request_ids:
-            self.engine.abort(f"{scope}/{request_id}", "VllmEngine.Abort")
+            self.engine.abort(f"{scope}/{request_id}", "VllmEngine.Abort", with_samples=True)
         return vllm_engine_pb2.AbortResponse()
 
     async def HealthCheck(

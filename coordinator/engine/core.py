@@ -152,7 +152,7 @@ class Engine(DraftSteps):
         if request.request_id in self.requests:
             raise InvalidRequest(f"request_id {request.client_request_id!r} is already in flight")
         try:
-            request.sampling_message = sampling_pb(request.sampling)
+            request.sampling_message = sampling_pb(request, self.limits.eos_token_ids)
         except (ValueError, TypeError) as e:
             raise InvalidRequest(f"sampling parameters: {e}") from None
         self._check_fits(request)
@@ -186,18 +186,25 @@ class Engine(DraftSteps):
                 f"(--kv-cache-memory)"
             )
 
-    def abort(self, request_id: str, reason: str = "the client cancelled it") -> bool:
-        """Drops a request; its KV is released on both sides, and its stream (if it still
-        listens) ends with CANCELLED saying ``reason``. False when no such request runs."""
+    def abort(
+        self, request_id: str, reason: str = "the client cancelled it", with_samples: bool = False
+    ) -> bool:
+        """Drops a request (``with_samples``: and its other samples, n > 1); their KV is
+        released on both sides, and their streams (if they still listen) end with CANCELLED
+        saying ``reason``. False when no such request runs."""
         request = self.requests.get(request_id)
-        if request is None or request.is_done:
-            return False
-        self._finish(
-            request,
-            error=Cancelled(f"request {request.client_request_id!r} was aborted: {reason}"),
-            status=RequestStatus.ABORTED,
-        )
-        return True
+        aborted = [] if request is None or request.is_done else [request]
+        if with_samples:
+            aborted += [
+                r for r in self.requests.values() if r.sample_of == request_id and not r.is_done
+            ]
+        for request in aborted:
+            self._finish(
+                request,
+                error=Cancelled(f"request {request.client_request_id!r} was aborted: {reason}"),
+                status=RequestStatus.ABORTED,
+            )
+        return bool(aborted)
 
     @property
     def num_unfinished(self) -> int:
@@ -374,7 +381,7 @@ class Engine(DraftSteps):
                 self.metrics.prefix_cache_queries.inc(len(chunk.token_ids))
                 self.metrics.prefix_cache_hits.inc(cached)
             if chunk.is_last and not chunk.resumes:
-                self._emit(request, list(result.token_ids), result.num_cached_tokens)
+                self._emit(request, result)
         for entry in plan.decodes:
             request = entry.request
             result = self._result_for(request, results)
@@ -391,7 +398,7 @@ class Engine(DraftSteps):
                 self.metrics.observe_draft(num_proposed, num_accepted, forwards)
             total_accepted += num_accepted
             request.accepted_all = num_proposed > 0 and num_accepted == num_proposed
-            self._emit(request, list(result.token_ids), result.num_cached_tokens)
+            self._emit(request, result)
         return total_accepted
 
     def _result_for(
@@ -410,8 +417,12 @@ class Engine(DraftSteps):
             return None
         return result
 
-    def _emit(self, request: Request, token_ids: list[int], num_target_cached: int) -> None:
+    def _emit(self, request: Request, result: target_pb2.VerifyResult) -> None:
+        token_ids, num_target_cached = list(result.token_ids), result.num_cached_tokens
         committed = request.commit(token_ids, self.limits.eos_token_ids, self.limits.max_model_len)
+        logprobs = None
+        if request.sampling.logprobs is not None:
+            logprobs = list(result.logprobs[: len(committed)])
         if committed and request.first_token_time is None:
             request.first_token_time = time.monotonic()
             if self.metrics is not None:
@@ -422,14 +433,14 @@ class Engine(DraftSteps):
             self.metrics.num_generation_tokens.inc(len(committed))
         if request.finish_reason is not None:
             # The target may hold KV past the stop; the request is released anyway.
-            self._finish(request, tokens=committed, reason=request.finish_reason)
+            self._finish(request, tokens=committed, reason=request.finish_reason, logprobs=logprobs)
             return
         # Target holds every committed token but the last, which the next Verify feeds in.
         if num_target_cached != request.num_tokens - 1:
             self._out_of_sync(request, num_target_cached, request.num_tokens - 1)
             return
         request.num_target_cached = num_target_cached
-        request.outputs.put_nowait(RequestOutput(committed))
+        request.outputs.put_nowait(RequestOutput(committed, logprobs=logprobs))
 
     def _out_of_sync(self, request: Request, held: int, expected: int) -> None:
         logger.error(
@@ -455,6 +466,7 @@ class Engine(DraftSteps):
         reason: str | None = None,
         error: Exception | None = None,
         status: RequestStatus | None = None,
+        logprobs: list | None = None,
     ) -> None:
         """Ends a request: tells its stream, unschedules it, queues its release."""
         if request.is_done:
@@ -467,7 +479,7 @@ class Engine(DraftSteps):
         self.requests.pop(request.request_id, None)
         self._pending_release.append(request.request_id)
         self._wakeup.set()
-        request.outputs.put_nowait(RequestOutput(tokens or [], reason, error))
+        request.outputs.put_nowait(RequestOutput(tokens or [], reason, error, logprobs))
         if self.metrics is not None:
             label = reason or ("abort" if status is RequestStatus.ABORTED else "error")
             self.metrics.num_requests.labels(finished_reason=label).inc()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from specdec.coordinator.engine.request import SamplingParams
+from specdec.coordinator.engine.request import Request
 from specdec.coordinator.engine.scheduler import DecodeEntry, IngestPlan, StepPlan
 from specdec.v1 import common_pb2, draft_pb2, target_pb2
 
@@ -14,12 +14,30 @@ logger = logging.getLogger(__name__)
 Proposals = dict[str, tuple[list[int], list[common_pb2.SparseProbs]]]
 
 
-def sampling_pb(s: SamplingParams) -> common_pb2.SamplingParams:
-    """The services' message; ValueError for a value out of its range. The engine converts
-    each request once, when it arrives, so a bad value fails that request alone."""
-    pb = common_pb2.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+def sampling_pb(request: Request, eos_token_ids: frozenset[int]) -> common_pb2.SamplingParams:
+    """The services' message for ``request``; ValueError for a value out of its range. The
+    engine converts each request once, when it arrives, so a bad value fails that request
+    alone."""
+    s = request.sampling
+    pb = common_pb2.SamplingParams(
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        min_p=s.min_p,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        repetition_penalty=s.repetition_penalty,
+        logit_bias=dict(s.logit_bias),
+        min_tokens=s.min_tokens,
+        num_prompt_tokens=request.num_prompt_tokens,
+    )
+    if s.min_tokens:
+        stops = request.stop_token_ids | (frozenset() if request.ignore_eos else eos_token_ids)
+        pb.min_tokens_stop_ids.extend(sorted(stops))
     if s.seed is not None:
         pb.seed = s.seed
+    if s.logprobs is not None:
+        pb.logprobs = s.logprobs
     return pb
 
 

@@ -16,12 +16,20 @@ MIN_SAMPLING_TEMPERATURE = 1e-5
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 = greedy; top_k 0 and top_p 1 = off."""
+    """temperature 0 = greedy; top_k 0, top_p 1, min_p 0 and the penalties' defaults = off.
+    The logits processing (common.proto ``SamplingParams``) runs on the model services."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    logprobs: int | None = None  # top logprobs per output token; None: no logprobs
 
     @property
     def greedy(self) -> bool:
@@ -60,6 +68,8 @@ class RequestOutput:
     token_ids: list[int]
     finish_reason: str | None = None
     error: Exception | None = None
+    # With sampling.logprobs: common_pb2.TokenLogprobs, one per token id.
+    logprobs: list | None = None
 
     @property
     def finished(self) -> bool:
@@ -89,6 +99,7 @@ class Request:
             raise ValueError("empty prompt")
         self.request_id = request_id  # unique in the engine and on both services
         self.client_request_id = client_request_id or request_id  # as the client sent it
+        self.sample_of: str | None = None  # n > 1: the first sample's request_id
         self.token_ids: list[int] = list(prompt_ids)
         self.num_prompt_tokens = len(prompt_ids)
         self.sampling = sampling

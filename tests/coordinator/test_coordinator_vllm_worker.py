@@ -67,16 +67,9 @@ def test_defaults_follow_vllm():
 @pytest.mark.parametrize(
     "sampling, field",
     [
-        ({"n": 2}, "sampling_params.n"),
-        ({"logprobs": 0}, "sampling_params.logprobs"),
         ({"prompt_logprobs": 1}, "sampling_params.prompt_logprobs"),
-        ({"min_p": 0.1}, "sampling_params.min_p"),
-        ({"presence_penalty": 0.5}, "sampling_params.presence_penalty"),
-        ({"repetition_penalty": 1.2}, "sampling_params.repetition_penalty"),
-        ({"min_tokens": 3}, "sampling_params.min_tokens"),
-        ({"logit_bias": {3: 1.0}}, "sampling_params.logit_bias"),
-        ({"json_schema": "{}"}, "sampling_params.json_schema"),
-        ({"regex": "a+"}, "sampling_params.regex"),
+        ({"truncate_prompt_tokens": 8}, "sampling_params.truncate_prompt_tokens"),
+        ({"structural_tag": "{}"}, "sampling_params.structural_tag"),
     ],
 )
 def test_what_specdec_cannot_honour_is_refused_by_name(sampling, field):
@@ -84,6 +77,43 @@ def test_what_specdec_cannot_honour_is_refused_by_name(sampling, field):
     assert unsupported_fields(message) == [field]
     with pytest.raises(InvalidRequest, match=field.replace(".", r"\.")):
         from_proto(message)
+
+
+def test_the_processing_fields_reach_the_request():
+    req = from_proto(
+        generate(
+            temperature=0.5,
+            min_p=0.1,
+            presence_penalty=0.5,
+            frequency_penalty=-0.25,
+            repetition_penalty=1.2,
+            min_tokens=3,
+            logit_bias={9: -100.0, 3: 2.5},
+            logprobs=5,
+        )
+    )
+    s = req.sampling
+    assert (s.min_p, s.presence_penalty, s.frequency_penalty) == pytest.approx((0.1, 0.5, -0.25))
+    assert s.repetition_penalty == pytest.approx(1.2) and s.min_tokens == 3
+    assert s.logit_bias == ((3, 2.5), (9, -100.0)) and s.logprobs == 5
+
+
+@pytest.mark.parametrize(
+    "sampling, words",
+    [
+        ({"logprobs": -1}, "every token's"),
+        ({"logprobs": 21}, r"logprobs must be in \[0, 20\]"),
+        ({"presence_penalty": 2.5}, r"presence_penalty must be in \[-2, 2\]"),
+        ({"repetition_penalty": -1}, "repetition_penalty must be in"),
+        ({"min_p": 1.5}, r"min_p must be in \[0, 1\]"),
+        ({"logit_bias": {70000: 1.0}}, "logit_bias names token id 70000"),
+        ({"logit_bias": {5: 101.0}}, r"must be in \[-100, 100\]"),
+        ({"min_tokens": 10, "max_tokens": 4}, r"min_tokens \(10\) must be at most max_tokens"),
+    ],
+)
+def test_processing_values_out_of_range_are_refused(sampling, words):
+    with pytest.raises(InvalidRequest, match=words):
+        from_proto(generate(**sampling))
 
 
 def test_neutral_values_are_not_refused():

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cspecdec/v1/coordinator.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\"\xc6\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.specdec.v1.TokenIdsH\x00\x12,\n\x08messages\x18\t \x01(\x0b\x32\x18.specdec.v1.ChatMessagesH\x00\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12#\n\x16num_speculative_tokens\x18\x08 \x01(\rH\x01\x88\x01\x01\x42\x08\n\x06promptB\x19\n\x17_num_speculative_tokens\"\xd8\x02\n\x0fSpecDecodeStats\x12\x12\n\nnum_drafts\x18\x01 \x01(\x04\x12\x18\n\x10num_draft_tokens\x18\x02 \x01(\x04\x12\x1b\n\x13num_accepted_tokens\x18\x03 \x01(\x04\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x04 \x03(\x04\x12\x14\n\x0cnum_k0_steps\x18\x05 \x01(\x04\x12\x18\n\x10num_ingest_plans\x18\x06 \x01(\x04\x12\x11\n\tnum_steps\x18\x07 \x01(\x04\x12\x14\n\x0cstep_seconds\x18\x08 \x01(\x01\x12\x1b\n\x13num_ahead_proposals\x18\t \x01(\x04\x12\x16\n\x0enum_ahead_used\x18\n \x01(\x04\x12\x19\n\x11num_lookup_drafts\x18\x0b \x01(\x04\x12\x17\n\x0fnum_preemptions\x18\x0c \x01(\x04\x12\x19\n\x11num_cached_tokens\x18\r \x01(\x04\"\xa5\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x19\n\x11num_prompt_tokens\x18\x05 \x01(\r\x12*\n\x05stats\x18\x06 \x01(\x0b\x32\x1b.specdec.v1.SpecDecodeStats\"\x0e\n\x0cStatsRequest2\x99\x01\n\x0b\x43oordinator\x12G\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse0\x01\x12\x41\n\x08GetStats\x12\x18.specdec.v1.StatsRequest\x1a\x1b.specdec.v1.SpecDecodeStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cspecdec/v1/coordinator.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\"\xd1\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.specdec.v1.TokenIdsH\x00\x12,\n\x08messages\x18\t \x01(\x0b\x32\x18.specdec.v1.ChatMessagesH\x00\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12#\n\x16num_speculative_tokens\x18\x08 \x01(\rH\x01\x88\x01\x01\x12\t\n\x01n\x18\n \x01(\rB\x08\n\x06promptB\x19\n\x17_num_speculative_tokens\"\xd8\x02\n\x0fSpecDecodeStats\x12\x12\n\nnum_drafts\x18\x01 \x01(\x04\x12\x18\n\x10num_draft_tokens\x18\x02 \x01(\x04\x12\x1b\n\x13num_accepted_tokens\x18\x03 \x01(\x04\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x04 \x03(\x04\x12\x14\n\x0cnum_k0_steps\x18\x05 \x01(\x04\x12\x18\n\x10num_ingest_plans\x18\x06 \x01(\x04\x12\x11\n\tnum_steps\x18\x07 \x01(\x04\x12\x14\n\x0cstep_seconds\x18\x08 \x01(\x01\x12\x1b\n\x13num_ahead_proposals\x18\t \x01(\x04\x12\x16\n\x0enum_ahead_used\x18\n \x01(\x04\x12\x19\n\x11num_lookup_drafts\x18\x0b \x01(\x04\x12\x17\n\x0fnum_preemptions\x18\x0c \x01(\x04\x12\x19\n\x11num_cached_tokens\x18\r \x01(\x04\"\xe1\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x19\n\x11num_prompt_tokens\x18\x05 \x01(\r\x12*\n\x05stats\x18\x06 \x01(\x0b\x32\x1b.specdec.v1.SpecDecodeStats\x12+\n\x08logprobs\x18\x07 \x03(\x0b\x32\x19.specdec.v1.TokenLogprobs\x12\r\n\x05index\x18\x08 \x01(\r\"\x0e\n\x0cStatsRequest2\x99\x01\n\x0b\x43oordinator\x12G\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse0\x01\x12\x41\n\x08GetStats\x12\x18.specdec.v1.StatsRequest\x1a\x1b.specdec.v1.SpecDecodeStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,13 +39,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHATMESSAGES']._serialized_start=140
   _globals['_CHATMESSAGES']._serialized_end=197
   _globals['_GENERATEREQUEST']._serialized_start=200
-  _globals['_GENERATEREQUEST']._serialized_end=526
-  _globals['_SPECDECODESTATS']._serialized_start=529
-  _globals['_SPECDECODESTATS']._serialized_end=873
-  _globals['_GENERATERESPONSE']._serialized_start=876
-  _globals['_GENERATERESPONSE']._serialized_end=1041
-  _globals['_STATSREQUEST']._serialized_start=1043
-  _globals['_STATSREQUEST']._serialized_end=1057
-  _globals['_COORDINATOR']._serialized_start=1060
-  _globals['_COORDINATOR']._serialized_end=1213
+  _globals['_GENERATEREQUEST']._serialized_end=537
+  _globals['_SPECDECODESTATS']._serialized_start=540
+  _globals['_SPECDECODESTATS']._serialized_end=884
+  _globals['_GENERATERESPONSE']._serialized_start=887
+  _globals['_GENERATERESPONSE']._serialized_end=1112
+  _globals['_STATSREQUEST']._serialized_start=1114
+  _globals['_STATSREQUEST']._serialized_end=1128
+  _globals['_COORDINATOR']._serialized_start=1131
+  _globals['_COORDINATOR']._serialized_end=1284
 # @@protoc_insertion_point(module_scope)
