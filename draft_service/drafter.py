@@ -24,10 +24,12 @@ from specdec.kernels.paged_kv_cache import OutOfPagesError
 from specdec.kernels.random_stream import DRAFT_DOMAIN, PROPOSE_DRAW, RandomStream
 from specdec.kernels.sampling import SparseProbs
 from specdec.runtime.errors import InvalidRequestError, OutOfSyncError, UnknownRequestError
+from specdec.runtime.grammar import Grammars, GrammarTokenizer
 from specdec.runtime.kv_scales import KVScaleTable
 from specdec.runtime.model_runner import ChunkOutput, ModelRunner
 from specdec.runtime.sampling import Sampling
 from specdec.runtime.sequence import SequenceChunk
+from specdec.runtime.structured_output import GrammarError
 
 RESYNC_HINT = "re-sync from the log (release, then ingest from 0)"
 
@@ -119,6 +121,9 @@ class Drafter:
         # position before (IngestPlan.features); its own proposals read its own output.
         self.reads_features = runner.model_config.reads_target_features
         self._seqs: dict[str, _Sequence] = {}
+        self._grammars = Grammars(
+            GrammarTokenizer(runner.config.model, runner.vocab_size, runner.eos_token_ids)
+        )
         self._tables: dict[int, KVScaleTable] = {runner.kv_scales.version: runner.kv_scales}
         self.num_steps = 0
         self.num_ingest_plans = 0
@@ -184,6 +189,7 @@ class Drafter:
         """Drop the requests' sequences (ids not held are ignored); returns how many."""
         released = 0
         for rid in dict.fromkeys(request_ids):
+            self._grammars.release(rid)
             if self._seqs.pop(rid, None) is not None:
                 self.runner.release(rid)
                 released += 1
@@ -300,6 +306,11 @@ class Drafter:
         bad = [t for t in entry.ahead_of if t >= self.runner.vocab_size]
         if bad:
             raise InvalidRequestError(f"request {rid}: ahead_of holds out-of-range id {bad[0]}")
+        if entry.sampling.grammar is not None:
+            try:
+                self._grammars.state(rid, entry.sampling.grammar)
+            except GrammarError as e:
+                raise InvalidRequestError(f"request {rid}: {e}") from None
         bad_id = entry.sampling.id_out_of_range(self.runner.vocab_size)
         if bad_id is not None:
             raise InvalidRequestError(f"request {rid}: sampling names out-of-range id {bad_id}")
@@ -598,7 +609,12 @@ class Drafter:
         if not w.sampling.reads_history:
             return logits
         before = np.concatenate([self._seqs[w.request_id].history.ids, w.ahead_of, picked])
-        return w.sampling.processed(logits, before.astype(np.int64), ())
+        before = before.astype(np.int64)
+        allowed = None
+        if w.sampling.grammar is not None:
+            output = before[w.sampling.processing.num_prompt_tokens :].tolist()
+            allowed = self._grammars.masks(w.request_id, w.sampling.grammar, output, (), 1)
+        return w.sampling.processed(logits, before, (), allowed)
 
     def _sample(
         self, w: _Work, logits: torch.Tensor, index: int

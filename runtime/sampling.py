@@ -13,6 +13,7 @@ from specdec.kernels.random_stream import RandomStream
 from specdec.kernels.sampling import logits_to_probs
 from specdec.runtime.errors import InvalidRequestError
 from specdec.runtime.logits_processing import LogitsProcessing
+from specdec.runtime.structured_output import GrammarError, grammar_of
 from specdec.v1 import common_pb2
 
 MIN_SAMPLING_TEMPERATURE = 1e-5  # the coordinator's (coordinator/request.py), which has no torch
@@ -30,6 +31,7 @@ class Sampling:
     min_p: float = 0.0
     processing: LogitsProcessing = LogitsProcessing()
     logprobs: int | None = None  # top logprobs per emitted token; None: none asked
+    grammar: str | None = None  # structured output, as an llguidance grammar
 
     @classmethod
     def from_proto(cls, msg: common_pb2.SamplingParams, request_id: str) -> Sampling:
@@ -59,6 +61,10 @@ class Sampling:
             raise InvalidRequestError(
                 f"request {request_id}: logprobs must be in [0, {MAX_LOGPROBS}], got {msg.logprobs}"
             )
+        try:
+            grammar = grammar_of(msg.structured_output)
+        except GrammarError as e:
+            raise InvalidRequestError(f"request {request_id}: {e}") from None
         seed = msg.seed if msg.HasField("seed") else None
         greedy = t < MIN_SAMPLING_TEMPERATURE  # as the coordinator: 1e-38 would overflow
         processing = LogitsProcessing(
@@ -78,6 +84,7 @@ class Sampling:
             float(msg.min_p),
             processing,
             int(msg.logprobs) if msg.HasField("logprobs") else None,
+            grammar,
         )
 
     @property
@@ -87,7 +94,7 @@ class Sampling:
     @property
     def reads_history(self) -> bool:
         """Its logits depend on the tokens before each position (``processed``)."""
-        return self.processing.active
+        return self.processing.active or self.grammar is not None
 
     @property
     def needs_logits(self) -> bool:
@@ -102,9 +109,17 @@ class Sampling:
         return next((t for t in named if t >= vocab_size), None)
 
     def processed(
-        self, logits: torch.Tensor, history: Sequence[int] | np.ndarray, chain: Sequence[int]
+        self,
+        logits: torch.Tensor,
+        history: Sequence[int] | np.ndarray,
+        chain: Sequence[int],
+        allowed: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The logits after min_tokens, logit_bias and the penalties (``LogitsProcessing``)."""
+        """The logits with the tokens ``allowed`` (bool, as ``logits``; the grammar's
+        masks) forbids at -inf, then min_tokens, logit_bias and the penalties
+        (``LogitsProcessing``)."""
+        if allowed is not None:
+            logits = logits.float().masked_fill(~allowed.to(logits.device), float("-inf"))
         if not self.processing.active:
             return logits
         return self.processing.apply(logits, history, chain)

@@ -35,6 +35,7 @@ class GenerateParams:
     min_tokens: int = 0
     logprobs: int | None = None  # top logprobs per token (0-20); None: no logprobs
     n: int = 1
+    structured_output: common_pb2.StructuredOutput | None = None
 
 
 @dataclass
@@ -100,6 +101,8 @@ def generate_request(
         message.sampling.seed = params.seed
     if params.logprobs is not None:
         message.sampling.logprobs = params.logprobs
+    if params.structured_output is not None:
+        message.sampling.structured_output.CopyFrom(params.structured_output)
     if params.num_speculative_tokens is not None:
         message.num_speculative_tokens = params.num_speculative_tokens
     return message

@@ -15,9 +15,11 @@ from specdec.kernels.random_stream import SAMPLE_DRAW, TARGET_DOMAIN, RandomStre
 from specdec.kernels.sampling import SparseProbs, TokenLogprobs, sample_token, token_logprobs
 from specdec.kernels.verify import chain_speculative_sampling, verify_greedy
 from specdec.runtime.errors import InvalidRequestError, OutOfSyncError, UnknownRequestError
+from specdec.runtime.grammar import Grammars, GrammarTokenizer
 from specdec.runtime.model_runner import ChunkOutput, ModelRunner
 from specdec.runtime.sampling import Sampling
 from specdec.runtime.sequence import SequenceChunk
+from specdec.runtime.structured_output import GrammarError
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +88,9 @@ class Verifier:
         # target's acceptance tests never share a stream with the draft's proposals.
         self._streams: dict[str, RandomStream] = {}
         self._history: dict[str, list[int]] = {}  # the tokens held, from position 0
+        self._grammars = Grammars(
+            GrammarTokenizer(runner.config.model, runner.vocab_size, runner.eos_token_ids)
+        )
         self._prefilled: set[str] = set()  # sequences whose last prefill chunk has run
         self.num_steps = 0
         # Multi-step bursts: the one running (named by its caller and step id), the last
@@ -105,6 +110,7 @@ class Verifier:
             if self._streams.pop(rid, None) is not None:
                 self._prefilled.discard(rid)
                 self._history.pop(rid, None)
+                self._grammars.release(rid)
                 self.runner.release(rid)
                 released += 1
         return released
@@ -399,7 +405,8 @@ class Verifier:
         logprobs = None
         if c.emits:
             raw = out.logits[-1:]
-            logits = c.sampling.processed(raw, history, ())
+            allowed = self._allowed(c.request_id, c.sampling, history, (), 1)
+            logits = c.sampling.processed(raw, history, (), allowed)
             if c.sampling.greedy:
                 tokens = [int(logits[-1].argmax())]
             else:
@@ -416,12 +423,27 @@ class Verifier:
                             features=features, feature_start=start,
                             logprobs=logprobs)  # fmt: skip
 
+    def _allowed(
+        self, rid: str, sampling: Sampling, history: list[int], chain: list[int], rows: int
+    ) -> torch.Tensor | None:
+        """The grammar's masks of the rows after ``history`` and ``chain`` (None: no
+        structured output)."""
+        if sampling.grammar is None:
+            return None
+        output = history[sampling.processing.num_prompt_tokens :]
+        try:
+            return self._grammars.masks(rid, sampling.grammar, output, chain, rows)
+        except GrammarError as e:
+            raise InvalidRequestError(f"request {rid}: {e}") from None
+
     def _accept(self, e: VerifyEntry, out: ChunkOutput) -> VerifyResult:
         proposals = list(e.proposal_ids)
         history = self._history[e.request_id]
         logits = out.logits
         if e.sampling.reads_history:
-            logits = e.sampling.processed(logits, [*history, e.last_token_id], proposals)
+            before = [*history, e.last_token_id]
+            allowed = self._allowed(e.request_id, e.sampling, before, proposals, len(proposals) + 1)
+            logits = e.sampling.processed(logits, before, proposals, allowed)
         if e.sampling.greedy:
             emitted, accepted = verify_greedy(logits, proposals)
         else:

@@ -12,6 +12,8 @@ from dataclasses import replace
 from specdec.coordinator.engine.core import ModelLimits
 from specdec.coordinator.engine.errors import InvalidRequest
 from specdec.coordinator.engine.request import MIN_SAMPLING_TEMPERATURE, Request, SamplingParams
+from specdec.runtime.structured_output import GrammarError, grammar_of
+from specdec.v1 import common_pb2
 
 MAX_SEED = 2**64 - 1  # the services' seed is a uint64 (common.proto)
 MAX_REQUEST_ID_CHARS = 256
@@ -55,6 +57,11 @@ def checked_request(
     if k_cap is not None and k_cap < 0:
         raise InvalidRequest(f"num_speculative_tokens must be >= 0, got {k_cap}")
     sampling = checked_sampling(sampling, limits.vocab_size)
+    if sampling.structured_output is not None and ignore_eos:
+        raise InvalidRequest(
+            "ignore_eos cannot be combined with structured output: the output ends where "
+            "the constraint does"
+        )
     if max_tokens and sampling.min_tokens > max_tokens:
         raise InvalidRequest(
             f"min_tokens ({sampling.min_tokens}) must be at most max_tokens ({max_tokens})"
@@ -117,8 +124,16 @@ def checked_sampling(s: SamplingParams, vocab_size: int) -> SamplingParams:
         raise InvalidRequest(f"min_tokens must be >= 0, got {s.min_tokens}")
     if s.logprobs is not None and not 0 <= s.logprobs <= MAX_LOGPROBS:
         raise InvalidRequest(f"logprobs must be in [0, {MAX_LOGPROBS}], got {s.logprobs}")
+    structured = s.structured_output
+    if structured is not None and structured.WhichOneof("kind") is None:
+        structured = None
+    try:
+        grammar_of(structured or common_pb2.StructuredOutput())
+    except GrammarError as e:
+        raise InvalidRequest(str(e)) from None
     return replace(
         s,
+        structured_output=structured,
         # As in vLLM, temperatures too small to divide logits by safely are greedy.
         temperature=s.temperature if s.temperature >= MIN_SAMPLING_TEMPERATURE else 0.0,
         top_p=top_p,

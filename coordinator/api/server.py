@@ -119,6 +119,7 @@ async def build_request(
             logit_bias=tuple(s.logit_bias.items()),
             min_tokens=s.min_tokens,
             logprobs=s.logprobs if s.HasField("logprobs") else None,
+            structured_output=s.structured_output,
         ),
         max_tokens=message.max_tokens,
         stop_token_ids=message.stop_token_ids,

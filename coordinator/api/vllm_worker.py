@@ -34,6 +34,7 @@ from specdec.coordinator.api.samples import run_samples, sample_requests
 from specdec.coordinator.engine.core import Engine
 from specdec.coordinator.engine.errors import InvalidRequest, SpecDecError
 from specdec.coordinator.engine.request import Request, SamplingParams
+from specdec.v1 import common_pb2 as common
 
 SERVICE_NAME = vllm_engine_pb2.DESCRIPTOR.services_by_name["VllmEngine"].full_name
 API_SCOPE = "vllm"  # this API's request ids, apart from specdec.v1.Coordinator's
@@ -79,7 +80,7 @@ def unsupported_fields(message: vllm_engine_pb2.GenerateRequest) -> list[str]:
     asked = {
         "sampling_params.prompt_logprobs": p.HasField("prompt_logprobs"),
         "sampling_params.truncate_prompt_tokens": p.HasField("truncate_prompt_tokens"),
-        f"sampling_params.{p.WhichOneof('constraint')}": p.WhichOneof("constraint") is not None,
+        "sampling_params.structural_tag": p.WhichOneof("constraint") == "structural_tag",
         "mm_inputs": message.HasField("mm_inputs") or bool(message.extra_mm_inputs),
         "media_refs": message.HasField("media_refs"),
         "kv_transfer_params": message.HasField("kv_transfer_params")
@@ -130,6 +131,7 @@ async def request_from_proto(
             logit_bias=tuple(p.logit_bias.items()),
             min_tokens=p.min_tokens,
             logprobs=_logprobs(p),
+            structured_output=_structured_output(p),
         ),
         max_tokens=p.max_tokens if p.HasField("max_tokens") else None,
         stop_token_ids=p.stop_token_ids,
@@ -146,6 +148,16 @@ def _logprobs(p: vllm_engine_pb2.SamplingParams) -> int | None:
             f"for at most {MAX_LOGPROBS}"
         )
     return p.logprobs
+
+
+def _structured_output(p: vllm_engine_pb2.SamplingParams) -> common.StructuredOutput | None:
+    """The worker protocol's constraint as specdec's (structural_tag is refused before)."""
+    kind = p.WhichOneof("constraint")
+    if kind is None:
+        return None
+    if kind == "choice":
+        return common.StructuredOutput(choice=common.ChoiceList(choices=p.choice.choices))
+    return common.StructuredOutput(**{kind: getattr(p, kind)})
 
 
 def output_logprobs(

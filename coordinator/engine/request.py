@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from specdec.coordinator.engine.features import FeatureLog
 from specdec.coordinator.engine.stats import SpecStats
+from specdec.v1 import common_pb2
 
 # Below this a temperature is greedy (vLLM's _SAMPLING_EPS): dividing float32 logits by
 # 1e-38 overflows to inf. The model services apply the same rule (runtime/sampling.py).
@@ -30,6 +31,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0
     logprobs: int | None = None  # top logprobs per output token; None: no logprobs
+    structured_output: common_pb2.StructuredOutput | None = None
 
     @property
     def greedy(self) -> bool:
