@@ -54,14 +54,19 @@ def run(address: str, prompts: list[list[int]], params: list[GenerateParams]) ->
 
 def exact_probs(model, prompt: list[int], outputs: list[list[int]], params) -> torch.Tensor:
     """``[len(outputs), NUM_NEW, V]``: the target's distribution for each output token."""
+    logits = exact_logits(model, prompt, outputs)
+    flat = logits_to_probs(logits.reshape(-1, logits.shape[-1]), **params)
+    return flat.view(len(outputs), NUM_NEW, -1)
+
+
+def exact_logits(model, prompt: list[int], outputs: list[list[int]]) -> torch.Tensor:
+    """``[len(outputs), NUM_NEW, V]``: the target's logits before each output token."""
     with torch.no_grad():
         first = model(torch.tensor([prompt]), use_cache=True)
         cache = first.past_key_values
         cache.batch_repeat_interleave(len(outputs))
         rest = model(torch.tensor([out[:-1] for out in outputs]), cache=cache).logits
-    logits = torch.cat([first.logits[:, -1:].expand(len(outputs), -1, -1), rest], dim=1)
-    flat = logits_to_probs(logits.reshape(-1, logits.shape[-1]), **params)
-    return flat.view(len(outputs), NUM_NEW, -1)
+    return torch.cat([first.logits[:, -1:].expand(len(outputs), -1, -1), rest], dim=1)
 
 
 @pytest.fixture(scope="module", params=["float32", "gguf"])
@@ -168,6 +173,11 @@ def assert_exact(target_model, prompts, outs, base: GenerateParams) -> None:
         probs[rows] = exact_probs(
             target_model, list(prompt), [outs[i].token_ids for i in rows], params
         )
+    assert_fits(prompts, outs, probs)
+
+
+def assert_fits(prompts, outs, probs: torch.Tensor) -> None:
+    """Every sampled token fits ``probs`` ``[samples, NUM_NEW, V]``, its exact distribution."""
     # Each token is tested given its prefix three ways: by its rank under the exact
     # distribution, as a (previous token, token) pair, and as a repeat of the previous token.
     tokens = torch.tensor([[p[-1], *o.token_ids] for p, o in zip(prompts, outs, strict=True)])
@@ -180,3 +190,54 @@ def assert_exact(target_model, prompts, outs, base: GenerateParams) -> None:
         pvalues.append(categorical_fit_pvalue(*repeat_categories(exact, token, previous)))
     shown = " ".join(f"{p:.1e}" for p in pvalues)
     assert min(pvalues) > P_MIN, f"p-values (rank, pair, repeat) x positions 1-4: {shown}"
+
+
+# Logits processing inside the chain (positions 1-3 are decided by rejection sampling after
+# proposals the same chain drew): each setting strong enough to move the distribution.
+PROCESSED = {
+    "presence-frequency": GenerateParams(temperature=1.0, presence_penalty=1.5,
+                                         frequency_penalty=1.0),
+    "repetition": GenerateParams(temperature=1.0, repetition_penalty=2.0),
+    "min_p": GenerateParams(temperature=1.0, min_p=0.05),
+    "logit_bias": GenerateParams(temperature=1.0, logit_bias=((12, 3.0), (60, 2.0), (286, -100.0))),
+}  # fmt: skip
+NUM_PROCESSED = 1024
+
+
+@pytest.mark.parametrize("name", list(PROCESSED))
+def test_processed_sampling_keeps_the_exact_distribution(stack, target_model, prompt_ids, name):
+    """Against an independent reference of the processing (vLLM's meanings, written out
+    token by token): a penalty at position i counts the prompt and the outputs before i,
+    the proposals of the same chain included."""
+    prompts = [prompt_ids[i % 4][:8] for i in range(NUM_PROCESSED)]
+    base = PROCESSED[name]
+    params = [replace(base, max_tokens=NUM_NEW, ignore_eos=True) for _ in prompts]
+    outs = run(stack.address, prompts, params)
+    probs = torch.empty(len(outs), NUM_NEW, target_model.config.vocab_size)
+    for prompt in {tuple(p) for p in prompts}:
+        rows = [i for i, p in enumerate(prompts) if tuple(p) == prompt]
+        logits = exact_logits(target_model, list(prompt), [outs[i].token_ids for i in rows])
+        for row, i in enumerate(rows):
+            for pos in range(NUM_NEW):
+                before = outs[i].token_ids[:pos]
+                probs[i, pos] = reference_probs(logits[row, pos], list(prompt), before, base)
+    assert_fits(prompts, outs, probs)
+    stats = [o.stats for o in outs]
+    assert sum(s["num_accepted_tokens"] for s in stats) > NUM_PROCESSED // 8
+
+
+def reference_probs(logits: torch.Tensor, prompt: list[int], before: list[int], p) -> torch.Tensor:
+    """The distribution after ``prompt`` and the outputs ``before``, processed in vLLM's
+    order one token at a time: logit_bias, repetition, frequency and presence penalties,
+    temperature, min_p."""
+    row = logits.double().clone()
+    for token, bias in p.logit_bias:
+        row[token] += bias
+    for token in set(prompt) | set(before):
+        value = float(row[token])
+        row[token] = value / p.repetition_penalty if value > 0 else value * p.repetition_penalty
+    for token in set(before):
+        row[token] -= p.frequency_penalty * before.count(token) + p.presence_penalty
+    probs = torch.softmax(row / p.temperature, dim=-1)
+    probs[probs < p.min_p * probs.max()] = 0.0
+    return (probs / probs.sum()).float()

@@ -1,0 +1,149 @@
+"""The request surface under speculation, through the real services: logprobs, the logits
+processing parameters, n > 1 and structured output give exactly what target-only decoding
+(K = 0) gives with the same parameters."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import grpc
+import jsonschema
+import pytest
+from e2e_stack import running_stack
+
+from specdec.client import CoordinatorClient, GenerateParams, generate_concurrently
+from specdec.v1 import common_pb2
+
+pytestmark = pytest.mark.slow
+NEW = 24
+PROCESSING = {
+    "penalties": dict(presence_penalty=1.5, frequency_penalty=0.5),
+    "repetition": dict(repetition_penalty=1.6),
+    "min_p-and-bias": dict(min_p=0.2, logit_bias=((60, -100.0), (12, 4.0))),
+    "all": dict(presence_penalty=0.7, repetition_penalty=1.3, logit_bias=((286, 3.0),)),
+}
+SCHEMAS = [
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10}},
+     "required": ["name"]},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "number"}},
+     "required": ["ok", "n"]},
+    {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}},
+     "required": ["color"]},
+    {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 4},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string",
+     "maxLength": 6}, "maxItems": 3}}, "required": ["tags"]},
+    {"type": "object", "properties": {"user": {"type": "object", "properties": {
+        "id": {"type": "integer"}, "admin": {"type": "boolean"}}, "required": ["id", "admin"],
+        "additionalProperties": False}}, "required": ["user"]},
+    {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+     "required": ["x", "y"]},
+    {"type": "object", "properties": {"kind": {"const": "point"}, "size": {"type": "integer",
+     "minimum": 0, "maximum": 9}}, "required": ["kind", "size"]},
+    {"type": "object", "properties": {"items": {"type": "array", "maxItems": 2, "items": {
+        "type": "object", "properties": {"q": {"type": "integer"}}, "required": ["q"],
+        "additionalProperties": False}}}, "required": ["items"]},
+]  # fmt: skip
+# Closed objects, as OpenAI's strict mode has them (an open one lets a small model invent
+# keys until max_tokens).
+for _schema in SCHEMAS:
+    if _schema["type"] == "object":
+        _schema["additionalProperties"] = False
+
+
+@pytest.fixture(scope="module")
+def stack():
+    with running_stack(speculative_config='{"num_speculative_tokens": 3}') as s:
+        yield s
+
+
+def both(stack, prompts, params: GenerateParams) -> tuple[list, list]:
+    """Greedy completions with speculation off (K = 0) and on."""
+    _, target_only = generate_concurrently(
+        stack.address, prompts, replace(params, num_speculative_tokens=0)
+    )
+    _, speculative = generate_concurrently(stack.address, prompts, params)
+    return target_only, speculative
+
+
+def test_logprobs_are_the_targets_whatever_decided_the_token(stack, prompt_ids):
+    prompts = [p[:12] for p in prompt_ids[:4]]
+    params = GenerateParams(max_tokens=NEW, ignore_eos=True, logprobs=5)
+    target_only, speculative = both(stack, prompts, params)
+    for a, b in zip(target_only, speculative, strict=True):
+        assert a.token_ids == b.token_ids and len(b.logprobs) == NEW
+        for (lp_a, top_a), (lp_b, top_b) in zip(a.logprobs, b.logprobs, strict=True):
+            assert lp_b == pytest.approx(lp_a, abs=1e-4)
+            assert [t for t, _ in top_b] == [t for t, _ in top_a] and len(top_b) == 5
+            assert [v for _, v in top_b] == pytest.approx([v for _, v in top_a], abs=1e-4)
+        # Greedy: each token is its position's likeliest.
+        assert all(top[0][0] == t for (_, top), t in zip(b.logprobs, b.token_ids, strict=True))
+    assert sum(o.stats["num_accepted_tokens"] for o in speculative) > NEW
+
+
+@pytest.mark.parametrize("name", list(PROCESSING))
+def test_processed_greedy_output_equals_target_only(stack, prompt_ids, name):
+    prompts = [p[:12] for p in prompt_ids[:4]]
+    params = GenerateParams(max_tokens=NEW, ignore_eos=True, **PROCESSING[name])
+    target_only, speculative = both(stack, prompts, params)
+    plain = generate_concurrently(stack.address, prompts, GenerateParams(max_tokens=NEW))[1]
+    assert [o.token_ids for o in speculative] == [o.token_ids for o in target_only]
+    assert [o.token_ids for o in speculative] != [o.token_ids for o in plain]
+    assert sum(o.stats["num_accepted_tokens"] for o in speculative) > 0
+
+
+def test_min_tokens_holds_back_a_stop_token(stack, prompt_ids):
+    prompt = prompt_ids[0][:12]
+    with CoordinatorClient(stack.address) as client:
+        free = client.generate(prompt, GenerateParams(max_tokens=NEW))
+        stop = free.token_ids[2]
+        stopped = client.generate(prompt, GenerateParams(max_tokens=NEW, stop_token_ids=(stop,)))
+        held = client.generate(
+            prompt, GenerateParams(max_tokens=NEW, stop_token_ids=(stop,), min_tokens=8)
+        )
+    assert stopped.token_ids == free.token_ids[:3] and stopped.finish_reason == "stop"
+    assert len(held.token_ids) >= 8 and stop not in held.token_ids[:8]
+
+
+def test_n_samples_are_seeded_choices_sharing_the_prompt(stack, prompt_ids):
+    prompt = prompt_ids[1][:40]  # over two pages: its full blocks are shared
+    params = GenerateParams(max_tokens=12, temperature=1.0, seed=11, n=4, ignore_eos=True)
+    with CoordinatorClient(stack.address) as client:
+        first = client.generate_samples(prompt, params)
+        again = client.generate_samples(prompt, params)
+        alone = client.generate(prompt, replace(params, n=1, seed=12))
+    assert len(first) == 4 and all(len(o.token_ids) == 12 for o in first)
+    assert [o.token_ids for o in first] == [o.token_ids for o in again]
+    assert len({tuple(o.token_ids) for o in first}) > 1
+    assert first[1].token_ids == alone.token_ids  # sample i draws as seed + i alone
+    assert all(o.stats["num_cached_tokens"] >= 32 for o in first[1:])
+
+
+def test_json_schemas_hold_and_greedy_equals_target_only(stack):
+    prompts = [f"Answer in JSON ({i}):" for i in range(len(SCHEMAS))]
+    params = [
+        GenerateParams(
+            max_tokens=120,
+            structured_output=common_pb2.StructuredOutput(json_schema=json.dumps(schema)),
+        )
+        for schema in SCHEMAS
+    ]
+    _, speculative = generate_concurrently(stack.address, prompts, params)
+    _, target_only = generate_concurrently(
+        stack.address, prompts, [replace(p, num_speculative_tokens=0) for p in params]
+    )
+    for schema, a, b in zip(SCHEMAS, target_only, speculative, strict=True):
+        assert b.token_ids == a.token_ids and b.finish_reason == "stop"
+        jsonschema.validate(json.loads(b.text), schema)
+    assert sum(o.stats["num_accepted_tokens"] for o in speculative) > 0
+
+
+def test_a_malformed_schema_is_invalid_argument_and_the_next_request_runs(stack):
+    bad = common_pb2.StructuredOutput(json_schema='{"type": "object", "properties": ')
+    with CoordinatorClient(stack.address) as client:
+        with pytest.raises(grpc.RpcError) as caught:
+            client.generate("x", GenerateParams(max_tokens=4, structured_output=bad))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "json_schema" in caught.value.details()
+        assert len(client.generate("x", GenerateParams(max_tokens=4)).token_ids) == 4
