@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import jsonschema
 import openai
 import pytest
 from e2e_stack import running_stack, wait_until
@@ -181,13 +182,12 @@ def test_disconnect_mid_stream_aborts_and_frees_kv(real_stack, client):
 @pytest.mark.parametrize(
     "kwargs, words",
     [
-        ({"n": 2}, "n"),
         ({"model": "no-such-model"}, "model"),
         ({"prompt": "word " * 20000}, "context length"),
         ({"temperature": -1.0}, "temperature"),
         ({"top_p": 1.5}, "top_p"),
-        ({"logprobs": 2}, "logprobs"),
-        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"extra_body": {"min_p": 1.5}}, "min_p"),
+        ({"extra_body": {"repetition_penalty": -1.0}}, "repetition_penalty"),
     ],
 )
 def test_bad_requests_are_4xx_with_a_message(real_stack, client, kwargs, words):
@@ -319,3 +319,39 @@ def test_two_replicas_share_one_draft(prompt_ids, tokenizer):
         assert wait_until(lambda: healthy_workers(stack) == 2, timeout=60)
         with CoordinatorClient(stack.addresses[1]) as c:
             assert c.generate(prompts[1], params).text == expected[1]
+
+
+def test_the_request_surface_through_the_stock_client(client):
+    """logprobs, n, penalties and structured output reach the worker and come back."""
+    messages = [{"role": "user", "content": "Name three colors."}]
+
+    def chat(**kwargs):
+        kwargs = {"max_tokens": 24, "temperature": 0, **kwargs}
+        return client.chat.completions.create(model="smollm2", messages=messages, **kwargs)
+
+    plain = chat(logprobs=True, top_logprobs=3)
+    steps = plain.choices[0].logprobs.content
+    # One per token of the text: the gateway shows none for the EOS that ended it.
+    assert len(steps) == plain.usage.completion_tokens - 1
+    assert all(s.top_logprobs[0].token == s.token and len(s.top_logprobs) == 3 for s in steps)
+    assert all(s.logprob <= 0 for s in steps)
+    samples = chat(n=3, temperature=1.0, seed=4)
+    assert len(samples.choices) == 3
+    assert [c.message.content for c in samples.choices] == [
+        c.message.content for c in chat(n=3, temperature=1.0, seed=4).choices
+    ]
+    penalised = chat(presence_penalty=2.0, frequency_penalty=2.0, max_tokens=40)
+    assert penalised.choices[0].message.content != plain.choices[0].message.content
+    schema = {
+        "type": "object",
+        "properties": {"colors": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+        "required": ["colors"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "colors", "schema": schema}}
+    answer = chat(response_format=fmt, max_tokens=60).choices[0].message.content
+    jsonschema.validate(json.loads(answer), schema)
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}
+    with pytest.raises(openai.BadRequestError, match="Invalid type: foo"):
+        chat(response_format=bad)
+    assert chat(max_tokens=4).usage.completion_tokens == 4
