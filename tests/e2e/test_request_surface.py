@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import grpc
 import jsonschema
@@ -23,33 +24,8 @@ PROCESSING = {
     "min_p-and-bias": dict(min_p=0.2, logit_bias=((60, -100.0), (12, 4.0))),
     "all": dict(presence_penalty=0.7, repetition_penalty=1.3, logit_bias=((286, 3.0),)),
 }
-SCHEMAS = [
-    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10}},
-     "required": ["name"]},
-    {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "number"}},
-     "required": ["ok", "n"]},
-    {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}},
-     "required": ["color"]},
-    {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 4},
-    {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string",
-     "maxLength": 6}, "maxItems": 3}}, "required": ["tags"]},
-    {"type": "object", "properties": {"user": {"type": "object", "properties": {
-        "id": {"type": "integer"}, "admin": {"type": "boolean"}}, "required": ["id", "admin"],
-        "additionalProperties": False}}, "required": ["user"]},
-    {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
-     "required": ["x", "y"]},
-    {"type": "object", "properties": {"kind": {"const": "point"}, "size": {"type": "integer",
-     "minimum": 0, "maximum": 9}}, "required": ["kind", "size"]},
-    {"type": "object", "properties": {"items": {"type": "array", "maxItems": 2, "items": {
-        "type": "object", "properties": {"q": {"type": "integer"}}, "required": ["q"],
-        "additionalProperties": False}}}, "required": ["items"]},
-]  # fmt: skip
-# Closed objects, as OpenAI's strict mode has them (an open one lets a small model invent
-# keys until max_tokens).
-for _schema in SCHEMAS:
-    if _schema["type"] == "object":
-        _schema["additionalProperties"] = False
+CASES = json.loads((Path(__file__).parents[2] / "bench/prompts/json_schemas.json").read_text())
+SCHEMAS = [case["schema"] for case in CASES["cases"]]
 
 
 @pytest.fixture(scope="module")
