@@ -3,10 +3,11 @@
 The gateway speaks ``vllm.grpc.engine.VllmEngine`` (from the ``smg-grpc-proto`` package)
 to vLLM workers; the coordinator serves it on its own port, beside
 ``specdec.v1.Coordinator``, so the gateway's OpenAI API, routing and metrics work over
-specdec unchanged. What the protocol can ask and specdec cannot honour (n > 1, logprobs,
-penalties, min_p, logit_bias, structured output, multimodal input, min_tokens, KV transfer,
-prompt truncation) is refused with INVALID_ARGUMENT naming the field, never ignored; RPCs
-not implemented here answer UNIMPLEMENTED. Acceptance statistics ride on every
+specdec unchanged. n > 1 streams each choice with its index; logprobs, the penalties,
+min_p, min_tokens, logit_bias and the constraints map onto specdec's sampling parameters.
+What the protocol can ask and specdec cannot honour (prompt logprobs, structural tags,
+multimodal input, KV transfer, prompt truncation) is refused with INVALID_ARGUMENT naming
+the field, never ignored; RPCs not implemented here answer UNIMPLEMENTED. Acceptance statistics ride on every
 GenerateComplete (``spec_accepted_tokens`` / ``spec_draft_tokens``).
 """
 
