@@ -32,6 +32,7 @@ class Sampling:
     processing: LogitsProcessing = LogitsProcessing()
     logprobs: int | None = None  # top logprobs per emitted token; None: none asked
     grammar: str | None = None  # structured output, as an llguidance grammar
+    prompt_logprobs: int | None = None  # top logprobs per prompt token; None: none asked
 
     @classmethod
     def from_proto(cls, msg: common_pb2.SamplingParams, request_id: str) -> Sampling:
@@ -57,10 +58,12 @@ class Sampling:
             raise InvalidRequestError(
                 f"request {request_id}: penalties and logit_bias must be finite numbers"
             )
-        if msg.HasField("logprobs") and msg.logprobs > MAX_LOGPROBS:
-            raise InvalidRequestError(
-                f"request {request_id}: logprobs must be in [0, {MAX_LOGPROBS}], got {msg.logprobs}"
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            if msg.HasField(name) and getattr(msg, name) > MAX_LOGPROBS:
+                raise InvalidRequestError(
+                    f"request {request_id}: {name} must be in [0, {MAX_LOGPROBS}], got "
+                    f"{getattr(msg, name)}"
+                )
         try:
             grammar = grammar_of(msg.structured_output)
         except GrammarError as e:
@@ -85,6 +88,7 @@ class Sampling:
             processing,
             int(msg.logprobs) if msg.HasField("logprobs") else None,
             grammar,
+            int(msg.prompt_logprobs) if msg.HasField("prompt_logprobs") else None,
         )
 
     @property

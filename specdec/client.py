@@ -35,6 +35,7 @@ class GenerateParams:
     min_tokens: int = 0
     logprobs: int | None = None  # top logprobs per token (0-20); None: no logprobs
     n: int = 1
+    prompt_logprobs: int | None = None  # top logprobs per prompt token; None: none
     structured_output: common_pb2.StructuredOutput | None = None
 
 
@@ -51,6 +52,8 @@ class Completion:
     first_token_seconds: float = 0.0  # time to the first token (prefill included)
     # With params.logprobs: per token, (its logprob, [(top token id, logprob), ...]).
     logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
+    # With params.prompt_logprobs: as logprobs, for the prompt's tokens from the second on.
+    prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
 
     @property
     def decode_tok_s(self) -> float:
@@ -101,11 +104,17 @@ def generate_request(
         message.sampling.seed = params.seed
     if params.logprobs is not None:
         message.sampling.logprobs = params.logprobs
+    if params.prompt_logprobs is not None:
+        message.sampling.prompt_logprobs = params.prompt_logprobs
     if params.structured_output is not None:
         message.sampling.structured_output.CopyFrom(params.structured_output)
     if params.num_speculative_tokens is not None:
         message.num_speculative_tokens = params.num_speculative_tokens
     return message
+
+
+def _logprobs(messages) -> list[tuple[float, list[tuple[int, float]]]]:
+    return [(t.logprob, list(zip(t.top_token_ids, t.top_logprobs, strict=True))) for t in messages]
 
 
 def stats_dict(stats: coordinator_pb2.SpecDecodeStats) -> dict:
@@ -165,10 +174,8 @@ class CoordinatorClient:
             out.token_ids.extend(response.token_ids)
             out.text += response.text
             out.num_prompt_tokens = response.num_prompt_tokens
-            out.logprobs += [
-                (t.logprob, list(zip(t.top_token_ids, t.top_logprobs, strict=True)))
-                for t in response.logprobs
-            ]
+            out.logprobs += _logprobs(response.logprobs)
+            out.prompt_logprobs += _logprobs(response.prompt_logprobs)
             if on_text is not None and response.text:
                 on_text(response.text)
             if response.finish_reason:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import grpc
 import torch
 
-from specdec.kernels.sampling import SparseProbs
+from specdec.kernels.sampling import SparseProbs, TokenLogprobs
 from specdec.model_service.proto import features_to_bytes, model_info
 from specdec.model_service.servicer import ModelServicer
 from specdec.model_service.status import status_code_for
@@ -83,17 +83,23 @@ def result_to_proto(r: VerifyResult) -> target_pb2.VerifyResult:
         num_prefix_cached_tokens=r.num_prefix_cached_tokens,
         features=features_to_bytes(r.features),
         feature_start=r.feature_start,
-        logprobs=[
-            common_pb2.TokenLogprobs(
-                logprob=t.logprob, top_token_ids=t.top_ids, top_logprobs=t.top_logprobs
-            )
-            for t in r.logprobs or ()
-        ],
+        logprobs=_logprobs_pb(r.logprobs),
+        prompt_logprobs=_logprobs_pb(r.prompt_logprobs),
+        prompt_logprobs_start=r.prompt_logprobs_start,
     )
     if r.error is not None:
         result.error_code = status_code_for(r.error).name
         result.error_message = str(r.error) or type(r.error).__name__
     return result
+
+
+def _logprobs_pb(logprobs: list[TokenLogprobs] | None) -> list[common_pb2.TokenLogprobs]:
+    return [
+        common_pb2.TokenLogprobs(
+            logprob=t.logprob, top_token_ids=t.top_ids, top_logprobs=t.top_logprobs
+        )
+        for t in logprobs or ()
+    ]
 
 
 class TargetServicer(ModelServicer, target_pb2_grpc.TargetServiceServicer):

@@ -72,6 +72,9 @@ class VerifyResult:
     feature_start: int = 0
     # With sampling.logprobs set: one per token_ids entry, from the raw logits.
     logprobs: list[TokenLogprobs] | None = None
+    # A prefill chunk with sampling.prompt_logprobs: its tokens' from prompt_logprobs_start.
+    prompt_logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs_start: int = 0
 
 
 class Verifier:
@@ -88,6 +91,9 @@ class Verifier:
         # target's acceptance tests never share a stream with the draft's proposals.
         self._streams: dict[str, RandomStream] = {}
         self._history: dict[str, list[int]] = {}  # the tokens held, from position 0
+        # prompt_logprobs: a prefill chunk's last logits row, which scores the next chunk's
+        # first token.
+        self._last_prompt_row: dict[str, torch.Tensor] = {}
         self._grammars = Grammars(
             GrammarTokenizer(runner.config.model, runner.vocab_size, runner.eos_token_ids)
         )
@@ -110,6 +116,7 @@ class Verifier:
             if self._streams.pop(rid, None) is not None:
                 self._prefilled.discard(rid)
                 self._history.pop(rid, None)
+                self._last_prompt_row.pop(rid, None)
                 self._grammars.release(rid)
                 self.runner.release(rid)
                 released += 1
@@ -160,7 +167,7 @@ class Verifier:
             self._streams[c.request_id] = c.sampling.random_stream(TARGET_DOMAIN)
             self._history[c.request_id] = []
         chunks = [
-            SequenceChunk(c.request_id, list(c.token_ids), int(c.emits),
+            SequenceChunk(c.request_id, list(c.token_ids), _num_logits(c),
                           len(c.token_ids) if return_features else 0)
             for c in prefill
         ]  # fmt: skip
@@ -415,13 +422,34 @@ class Verifier:
                 tokens = [sample_token(c.sampling.probs(logits)[0], u)]
             if c.sampling.logprobs is not None:
                 logprobs = token_logprobs(raw, tokens, c.sampling.logprobs)
+        prompt_logprobs, prompt_start = self._prompt_logprobs(c, out.logits)
         rid, hits = c.request_id, self.runner.last_prefix_hits.get(c.request_id, 0)
         held = self.runner.seq_len(rid)
         features = out.hidden if out.hidden.numel() else None
         start = held - (0 if features is None else features.shape[0])
         return VerifyResult(rid, tokens, 0, held, num_prefix_cached_tokens=hits,
-                            features=features, feature_start=start,
-                            logprobs=logprobs)  # fmt: skip
+                            features=features, feature_start=start, logprobs=logprobs,
+                            prompt_logprobs=prompt_logprobs,
+                            prompt_logprobs_start=prompt_start)  # fmt: skip
+
+    def _prompt_logprobs(
+        self, c: PrefillChunk, logits: torch.Tensor
+    ) -> tuple[list[TokenLogprobs] | None, int]:
+        """The chunk's tokens' logprobs (its rows score the tokens after them; the chunk
+        before's last row its first token) and the position they start at."""
+        if c.sampling.prompt_logprobs is None:
+            return None, 0
+        rid, num = c.request_id, c.sampling.prompt_logprobs
+        rows = logits[: len(c.token_ids)]  # the last scores the token after the chunk
+        before = self._last_prompt_row.pop(rid, None)
+        tokens = list(c.token_ids)
+        if before is not None:
+            rows = torch.cat([before[None], rows])
+        else:
+            tokens = tokens[1:]  # the first token of the sequence has no logprob
+        self._last_prompt_row[rid] = rows[-1]
+        start = c.start_position + len(c.token_ids) - len(tokens)
+        return token_logprobs(rows[:-1], tokens, num), start
 
     def _allowed(
         self, rid: str, sampling: Sampling, history: list[int], chain: list[int], rows: int
@@ -504,6 +532,14 @@ def _check_draft_probs(
             f"request {rid}: draft_probs gives proposal {zero[0]} (token "
             f"{proposals[zero[0]]}) probability 0; it cannot have been drawn from it"
         )
+
+
+def _num_logits(c: PrefillChunk) -> int:
+    """Logits rows a prefill chunk asks for: every token's for prompt logprobs, else the
+    last one's when it emits."""
+    if c.sampling.prompt_logprobs is not None:
+        return len(c.token_ids)
+    return int(c.emits)
 
 
 def _joined(first: torch.Tensor | None, then: torch.Tensor | None) -> torch.Tensor | None:

@@ -122,8 +122,10 @@ def checked_sampling(s: SamplingParams, vocab_size: int) -> SamplingParams:
             raise InvalidRequest(f"logit_bias for token {token} must be in [-100, 100], got {bias}")
     if s.min_tokens < 0:
         raise InvalidRequest(f"min_tokens must be >= 0, got {s.min_tokens}")
-    if s.logprobs is not None and not 0 <= s.logprobs <= MAX_LOGPROBS:
-        raise InvalidRequest(f"logprobs must be in [0, {MAX_LOGPROBS}], got {s.logprobs}")
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(s, name)
+        if value is not None and not 0 <= value <= MAX_LOGPROBS:
+            raise InvalidRequest(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
     structured = s.structured_output
     if structured is not None and structured.WhichOneof("kind") is None:
         structured = None

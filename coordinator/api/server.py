@@ -120,6 +120,7 @@ async def build_request(
             min_tokens=s.min_tokens,
             logprobs=s.logprobs if s.HasField("logprobs") else None,
             structured_output=s.structured_output,
+            prompt_logprobs=s.prompt_logprobs if s.HasField("prompt_logprobs") else None,
         ),
         max_tokens=message.max_tokens,
         stop_token_ids=message.stop_token_ids,
@@ -159,6 +160,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 num_prompt_tokens=req.num_prompt_tokens,
                 logprobs=out.logprobs or (),
                 index=index,
+                prompt_logprobs=out.prompt_logprobs or (),
             )
             if out.finished:
                 response.finish_reason = out.finish_reason or ""

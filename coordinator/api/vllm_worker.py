@@ -3,12 +3,12 @@
 The gateway speaks ``vllm.grpc.engine.VllmEngine`` (from the ``smg-grpc-proto`` package)
 to vLLM workers; the coordinator serves it on its own port, beside
 ``specdec.v1.Coordinator``, so the gateway's OpenAI API, routing and metrics work over
-specdec unchanged. n > 1 streams each choice with its index; logprobs, the penalties,
-min_p, min_tokens, logit_bias and the constraints map onto specdec's sampling parameters.
-What the protocol can ask and specdec cannot honour (prompt logprobs, structural tags,
+specdec unchanged. n > 1 streams each choice with its index; logprobs, prompt logprobs,
+the penalties, min_p, min_tokens, logit_bias and the constraints map onto specdec's
+sampling parameters. What the protocol can ask and specdec cannot honour (structural tags,
 multimodal input, KV transfer, prompt truncation) is refused with INVALID_ARGUMENT naming
-the field, never ignored; RPCs not implemented here answer UNIMPLEMENTED. Acceptance statistics ride on every
-GenerateComplete (``spec_accepted_tokens`` / ``spec_draft_tokens``).
+the field, never ignored; RPCs not implemented here answer UNIMPLEMENTED. Acceptance
+statistics ride on every GenerateComplete (``spec_accepted_tokens`` / ``spec_draft_tokens``).
 """
 
 from __future__ import annotations
@@ -79,7 +79,6 @@ def unsupported_fields(message: vllm_engine_pb2.GenerateRequest) -> list[str]:
     """The fields of a Generate request that ask for something specdec does not do."""
     p = message.sampling_params
     asked = {
-        "sampling_params.prompt_logprobs": p.HasField("prompt_logprobs"),
         "sampling_params.truncate_prompt_tokens": p.HasField("truncate_prompt_tokens"),
         "sampling_params.structural_tag": p.WhichOneof("constraint") == "structural_tag",
         "mm_inputs": message.HasField("mm_inputs") or bool(message.extra_mm_inputs),
@@ -131,7 +130,8 @@ async def request_from_proto(
             repetition_penalty=p.repetition_penalty,
             logit_bias=tuple(p.logit_bias.items()),
             min_tokens=p.min_tokens,
-            logprobs=_logprobs(p),
+            logprobs=_logprobs(p, "logprobs"),
+            prompt_logprobs=_logprobs(p, "prompt_logprobs"),
             structured_output=_structured_output(p),
         ),
         max_tokens=p.max_tokens if p.HasField("max_tokens") else None,
@@ -140,15 +140,34 @@ async def request_from_proto(
     )
 
 
-def _logprobs(p: vllm_engine_pb2.SamplingParams) -> int | None:
-    if not p.HasField("logprobs"):
+def _logprobs(p: vllm_engine_pb2.SamplingParams, name: str) -> int | None:
+    if not p.HasField(name):
         return None
-    if p.logprobs < 0:
+    if getattr(p, name) < 0:
         raise InvalidRequest(
-            f"sampling_params.logprobs {p.logprobs} (every token's) is not supported; ask "
-            f"for at most {MAX_LOGPROBS}"
+            f"sampling_params.{name} {getattr(p, name)} (every token's) is not supported; "
+            f"ask for at most {MAX_LOGPROBS}"
         )
-    return p.logprobs
+    return getattr(p, name)
+
+
+def input_logprobs(
+    prompt_ids: list[int], logprobs: list | None
+) -> vllm_engine_pb2.InputLogProbs | None:
+    """The gateway's message for the prompt: the first token has no logprob."""
+    if logprobs is None:
+        return None
+    none = vllm_engine_pb2.InputTokenLogProb()
+    return vllm_engine_pb2.InputLogProbs(
+        token_logprobs=[none]
+        + [vllm_engine_pb2.InputTokenLogProb(value=t.logprob) for t in logprobs],
+        token_ids=prompt_ids,
+        top_logprobs=[vllm_engine_pb2.TopLogProbs()]
+        + [
+            vllm_engine_pb2.TopLogProbs(values=t.top_logprobs, token_ids=t.top_token_ids)
+            for t in logprobs
+        ],
+    )
 
 
 def _structured_output(p: vllm_engine_pb2.SamplingParams) -> common.StructuredOutput | None:
@@ -224,6 +243,7 @@ class _Output:
 
     token_ids: list[int] = field(default_factory=list)
     logprobs: list | None = None
+    prompt_logprobs: list | None = None
 
     def extend(self, delta: _Output) -> None:
         self.token_ids += delta.token_ids
@@ -267,6 +287,8 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
             logprobs = None if out.logprobs is None else out.logprobs[:keep]
             delta = _Output(out.token_ids[:keep], logprobs)
             output.extend(delta)
+            if out.prompt_logprobs is not None:
+                output.prompt_logprobs = out.prompt_logprobs
             finish = "stop" if stop.matched is not None else out.finish_reason
             if request.stream:
                 yield vllm_engine_pb2.GenerateResponse(
@@ -276,13 +298,15 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
                         completion_tokens=len(output.token_ids),
                         cached_tokens=sample.stats.num_cached_tokens,
                         output_logprobs=output_logprobs(delta.token_ids, delta.logprobs),
+                        input_logprobs=input_logprobs(sample.prompt_ids, out.prompt_logprobs),
                         index=index,
                     )
                 )
             if finish is not None:
                 # Streamed, the last chunk's tokens come again here, as vLLM's servicer
                 # sends them; the gateway keeps the streamed ones.
-                last = delta if request.stream else output
+                # Streamed, the prompt's logprobs went with the first chunk.
+                last = _Output(delta.token_ids, delta.logprobs) if request.stream else output
                 yield self._complete(sample, index, last, finish, stop)
                 ended.add(index)  # a stop string: that frees its KV
                 if len(ended) == len(samples):
@@ -301,6 +325,7 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
             spec_accepted_tokens=req.stats.num_accepted_tokens,
             spec_draft_tokens=req.stats.num_draft_tokens,
             output_logprobs=output_logprobs(output_ids, output.logprobs),
+            input_logprobs=input_logprobs(req.prompt_ids, output.prompt_logprobs),
             index=index,
         )
         if stops.matched is not None:

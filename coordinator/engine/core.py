@@ -373,6 +373,7 @@ class Engine(DraftSteps):
                 self._out_of_sync(request, result.num_cached_tokens, end)
                 continue
             request.num_target_cached = end
+            _keep_prompt_logprobs(request, result)
             cached = result.num_prefix_cached_tokens
             request.stats.num_cached_tokens += cached
             self.totals.num_cached_tokens += cached
@@ -419,7 +420,13 @@ class Engine(DraftSteps):
 
     def _emit(self, request: Request, result: target_pb2.VerifyResult) -> None:
         token_ids, num_target_cached = list(result.token_ids), result.num_cached_tokens
+        first = request.num_output_tokens == 0
         committed = request.commit(token_ids, self.limits.eos_token_ids, self.limits.max_model_len)
+        prompt = (
+            request.prompt_logprobs
+            if first and request.sampling.prompt_logprobs is not None
+            else None
+        )
         logprobs = None
         if request.sampling.logprobs is not None:
             logprobs = list(result.logprobs[: len(committed)])
@@ -433,14 +440,22 @@ class Engine(DraftSteps):
             self.metrics.num_generation_tokens.inc(len(committed))
         if request.finish_reason is not None:
             # The target may hold KV past the stop; the request is released anyway.
-            self._finish(request, tokens=committed, reason=request.finish_reason, logprobs=logprobs)
+            self._finish(
+                request,
+                tokens=committed,
+                reason=request.finish_reason,
+                logprobs=logprobs,
+                prompt_logprobs=prompt,
+            )
             return
         # Target holds every committed token but the last, which the next Verify feeds in.
         if num_target_cached != request.num_tokens - 1:
             self._out_of_sync(request, num_target_cached, request.num_tokens - 1)
             return
         request.num_target_cached = num_target_cached
-        request.outputs.put_nowait(RequestOutput(committed, logprobs=logprobs))
+        request.outputs.put_nowait(
+            RequestOutput(committed, logprobs=logprobs, prompt_logprobs=prompt)
+        )
 
     def _out_of_sync(self, request: Request, held: int, expected: int) -> None:
         logger.error(
@@ -467,6 +482,7 @@ class Engine(DraftSteps):
         error: Exception | None = None,
         status: RequestStatus | None = None,
         logprobs: list | None = None,
+        prompt_logprobs: list | None = None,
     ) -> None:
         """Ends a request: tells its stream, unschedules it, queues its release."""
         if request.is_done:
@@ -479,7 +495,9 @@ class Engine(DraftSteps):
         self.requests.pop(request.request_id, None)
         self._pending_release.append(request.request_id)
         self._wakeup.set()
-        request.outputs.put_nowait(RequestOutput(tokens or [], reason, error, logprobs))
+        request.outputs.put_nowait(
+            RequestOutput(tokens or [], reason, error, logprobs, prompt_logprobs)
+        )
         if self.metrics is not None:
             label = reason or ("abort" if status is RequestStatus.ABORTED else "error")
             self.metrics.num_requests.labels(finished_reason=label).inc()
@@ -567,3 +585,15 @@ class Engine(DraftSteps):
 def _keep_features(request: Request, result: target_pb2.VerifyResult) -> None:
     if request.features is not None and result.features:
         request.features.add(result.feature_start, result.features)
+
+
+def _keep_prompt_logprobs(request: Request, result: target_pb2.VerifyResult) -> None:
+    """The prompt positions a prefill chunk scored that the request lacks (a resumed
+    request's chunks score its log again)."""
+    known = 1 + len(request.prompt_logprobs)  # position 0 has none
+    position = result.prompt_logprobs_start
+    for lp in result.prompt_logprobs:
+        if known <= position < request.num_prompt_tokens:
+            request.prompt_logprobs.append(lp)
+            known += 1
+        position += 1

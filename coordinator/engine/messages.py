@@ -38,6 +38,8 @@ def sampling_pb(request: Request, eos_token_ids: frozenset[int]) -> common_pb2.S
         pb.seed = s.seed
     if s.logprobs is not None:
         pb.logprobs = s.logprobs
+    if s.prompt_logprobs is not None:
+        pb.prompt_logprobs = s.prompt_logprobs
     if s.structured_output is not None:
         pb.structured_output.CopyFrom(s.structured_output)
     return pb

@@ -32,6 +32,7 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None  # top logprobs per output token; None: no logprobs
     structured_output: common_pb2.StructuredOutput | None = None
+    prompt_logprobs: int | None = None  # top logprobs per prompt token; None: none
 
     @property
     def greedy(self) -> bool:
@@ -72,6 +73,8 @@ class RequestOutput:
     error: Exception | None = None
     # With sampling.logprobs: common_pb2.TokenLogprobs, one per token id.
     logprobs: list | None = None
+    # With sampling.prompt_logprobs, on the first output: the prompt's from position 1.
+    prompt_logprobs: list | None = None
 
     @property
     def finished(self) -> bool:
@@ -106,6 +109,9 @@ class Request:
         self.num_prompt_tokens = len(prompt_ids)
         self.sampling = sampling
         self.sampling_message: object | None = None  # common_pb2.SamplingParams, set on arrival
+        # With sampling.prompt_logprobs: the prompt's (common_pb2.TokenLogprobs) from
+        # position 1, as its prefill chunks return them.
+        self.prompt_logprobs: list = []
         self.max_tokens = max_tokens
         self.stop_token_ids = stop_token_ids
         self.ignore_eos = ignore_eos

@@ -16,6 +16,8 @@ from specdec.config import TINY_TARGET
 from specdec.coordinator.api.prompts import PromptEncoder
 from specdec.coordinator.api.vllm_worker import (
     StopStrings,
+    input_logprobs,
+    output_logprobs,
     request_from_proto,
     tokenizer_archive,
     unsupported_fields,
@@ -67,7 +69,6 @@ def test_defaults_follow_vllm():
 @pytest.mark.parametrize(
     "sampling, field",
     [
-        ({"prompt_logprobs": 1}, "sampling_params.prompt_logprobs"),
         ({"truncate_prompt_tokens": 8}, "sampling_params.truncate_prompt_tokens"),
         ({"structural_tag": "{}"}, "sampling_params.structural_tag"),
     ],
@@ -90,12 +91,14 @@ def test_the_processing_fields_reach_the_request():
             min_tokens=3,
             logit_bias={9: -100.0, 3: 2.5},
             logprobs=5,
+            prompt_logprobs=2,
         )
     )
     s = req.sampling
     assert (s.min_p, s.presence_penalty, s.frequency_penalty) == pytest.approx((0.1, 0.5, -0.25))
     assert s.repetition_penalty == pytest.approx(1.2) and s.min_tokens == 3
     assert s.logit_bias == ((3, 2.5), (9, -100.0)) and s.logprobs == 5
+    assert s.prompt_logprobs == 2
 
 
 @pytest.mark.parametrize(
@@ -103,6 +106,7 @@ def test_the_processing_fields_reach_the_request():
     [
         ({"logprobs": -1}, "every token's"),
         ({"logprobs": 21}, r"logprobs must be in \[0, 20\]"),
+        ({"prompt_logprobs": -1}, "every token's"),
         ({"presence_penalty": 2.5}, r"presence_penalty must be in \[-2, 2\]"),
         ({"repetition_penalty": -1}, "repetition_penalty must be in"),
         ({"min_p": 1.5}, r"min_p must be in \[0, 1\]"),
@@ -203,3 +207,18 @@ def test_tokenizer_archive_holds_the_tokenizer_files():
         hashlib.sha256(data).hexdigest()
         == hashlib.sha256(tokenizer_archive(str(TINY_TARGET))).hexdigest()
     )
+
+
+def test_logprobs_map_onto_the_gateways_messages():
+    lp = [
+        common_pb2.TokenLogprobs(logprob=-0.5, top_token_ids=[7, 3], top_logprobs=[-0.5, -1.0]),
+        common_pb2.TokenLogprobs(logprob=-2.0, top_token_ids=[1, 4], top_logprobs=[-0.1, -2.5]),
+    ]
+    out = output_logprobs([7, 4], lp)
+    assert list(out.token_logprobs) == [-0.5, -2.0] and list(out.token_ids) == [7, 4]
+    assert list(out.top_logprobs[1].token_ids) == [1, 4]
+    assert output_logprobs([7], None) is None
+    prompt = input_logprobs([9, 7, 4], lp)  # the first prompt token has no logprob
+    assert not prompt.token_logprobs[0].HasField("value")
+    assert [t.value for t in prompt.token_logprobs[1:]] == [-0.5, -2.0]
+    assert list(prompt.token_ids) == [9, 7, 4] and len(prompt.top_logprobs) == 3

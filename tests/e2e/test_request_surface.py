@@ -11,9 +11,11 @@ from pathlib import Path
 import grpc
 import jsonschema
 import pytest
-from e2e_stack import running_stack
+import torch
+from e2e_stack import TARGET, running_stack
 
 from specdec.client import CoordinatorClient, GenerateParams, generate_concurrently
+from specdec.runtime.loader import load_hf_model
 from specdec.v1 import common_pb2
 
 pytestmark = pytest.mark.slow
@@ -123,3 +125,26 @@ def test_a_malformed_schema_is_invalid_argument_and_the_next_request_runs(stack)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "json_schema" in caught.value.details()
         assert len(client.generate("x", GenerateParams(max_tokens=4)).token_ids) == 4
+
+
+def test_prompt_logprobs_are_the_targets_across_chunks(prompt_ids):
+    """A prompt over several prefill chunks (16 tokens a step): each token's logprob and top
+    tokens as transformers computes them on the target; a second run, which could have
+    taken the prompt from the prefix cache, computes and returns them all again."""
+    prompt = prompt_ids[2][:45]
+    config = dict(speculative_config='{"num_speculative_tokens": 3}', max_num_batched_tokens=16)
+    params = GenerateParams(max_tokens=4, prompt_logprobs=3, logprobs=1)
+    with running_stack(**config) as s, CoordinatorClient(s.address) as client:
+        first, again = client.generate(prompt, params), client.generate(prompt, params)
+    with torch.no_grad():
+        logits = load_hf_model(TARGET)(torch.tensor([prompt])).logits[0]
+    exact = torch.log_softmax(logits.double(), -1)
+    assert len(first.prompt_logprobs) == len(prompt) - 1
+    for position, (logprob, top) in enumerate(first.prompt_logprobs, start=1):
+        row = exact[position - 1]
+        assert logprob == pytest.approx(float(row[prompt[position]]), abs=1e-3)
+        assert [t for t, _ in top] == row.topk(3).indices.tolist()
+    assert [lp for lp, _ in again.prompt_logprobs] == pytest.approx(
+        [lp for lp, _ in first.prompt_logprobs], abs=1e-5
+    )
+    assert again.stats["num_cached_tokens"] == 0 and again.token_ids == first.token_ids

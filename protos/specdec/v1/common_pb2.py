@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/common.proto\x12\nspecdec.v1\"P\n\x0cKVScaleTable\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x0f\n\x07k_scale\x18\x03 \x03(\x02\x12\x0f\n\x07v_scale\x18\x04 \x03(\x02\"\xd9\x03\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\r\n\x05min_p\x18\x05 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x08 \x01(\x02\x12=\n\nlogit_bias\x18\t \x03(\x0b\x32).specdec.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\n \x01(\r\x12\x1b\n\x13min_tokens_stop_ids\x18\x0b \x03(\r\x12\x19\n\x11num_prompt_tokens\x18\x0c \x01(\r\x12\x15\n\x08logprobs\x18\r \x01(\rH\x01\x88\x01\x01\x12\x37\n\x11structured_output\x18\x0e \x01(\x0b\x32\x1c.specdec.v1.StructuredOutput\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobs\"\x96\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12\x11\n\x07grammar\x18\x04 \x01(\tH\x00\x12(\n\x06\x63hoice\x18\x05 \x01(\x0b\x32\x16.specdec.v1.ChoiceListH\x00\x42\x06\n\x04kind\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"M\n\rTokenLogprobs\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x02 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x03 \x03(\x02\"/\n\x0bSparseProbs\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\r\n\x05probs\x18\x02 \x03(\x02\"\r\n\x0bInfoRequest\"\xb4\x04\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\x12\x16\n\x0ekv_cache_dtype\x18\x04 \x01(\t\x12\x16\n\x0enum_free_pages\x18\x05 \x01(\r\x12\x17\n\x0fnum_total_pages\x18\x06 \x01(\r\x12\x11\n\tpage_size\x18\x07 \x01(\r\x12\x15\n\reos_token_ids\x18\x08 \x03(\r\x12+\n\tkv_scales\x18\t \x01(\x0b\x32\x18.specdec.v1.KVScaleTable\x12\x12\n\nnum_layers\x18\n \x01(\r\x12\x11\n\tnum_steps\x18\x0b \x01(\x04\x12\x18\n\x10num_ingest_plans\x18\x0c \x01(\x04\x12\x1b\n\x13num_ingested_tokens\x18\r \x01(\x04\x12\x15\n\rnum_sequences\x18\x0e \x01(\r\x12\x17\n\x0f\x66orward_seconds\x18\x0f \x01(\x01\x12\x1d\n\x15\x61head_forward_seconds\x18\x10 \x01(\x01\x12\x1c\n\x14prefix_cache_queries\x18\x11 \x01(\x04\x12\x19\n\x11prefix_cache_hits\x18\x12 \x01(\x04\x12\x1b\n\x13num_computed_tokens\x18\x13 \x01(\x04\x12\x16\n\x0eprefix_caching\x18\x14 \x01(\x08\x12\x13\n\x0bhidden_size\x18\x15 \x01(\r\x12\x1d\n\x15reads_target_features\x18\x16 \x01(\x08\"<\n\x0eReleaseRequest\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\x12\x15\n\rall_of_caller\x18\x02 \x01(\x08\"?\n\x0fReleaseResponse\x12\x14\n\x0cnum_released\x18\x01 \x01(\r\x12\x16\n\x0enum_free_pages\x18\x02 \x01(\r\"=\n\x0c\x43\x61\x63hedLength\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11num_cached_tokens\x18\x02 \x01(\r\"*\n\tStepError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/common.proto\x12\nspecdec.v1\"P\n\x0cKVScaleTable\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x0f\n\x07k_scale\x18\x03 \x03(\x02\x12\x0f\n\x07v_scale\x18\x04 \x03(\x02\"\x8b\x04\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\r\n\x05min_p\x18\x05 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x08 \x01(\x02\x12=\n\nlogit_bias\x18\t \x03(\x0b\x32).specdec.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\n \x01(\r\x12\x1b\n\x13min_tokens_stop_ids\x18\x0b \x03(\r\x12\x19\n\x11num_prompt_tokens\x18\x0c \x01(\r\x12\x15\n\x08logprobs\x18\r \x01(\rH\x01\x88\x01\x01\x12\x37\n\x11structured_output\x18\x0e \x01(\x0b\x32\x1c.specdec.v1.StructuredOutput\x12\x1c\n\x0fprompt_logprobs\x18\x0f \x01(\rH\x02\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\x96\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12\x11\n\x07grammar\x18\x04 \x01(\tH\x00\x12(\n\x06\x63hoice\x18\x05 \x01(\x0b\x32\x16.specdec.v1.ChoiceListH\x00\x42\x06\n\x04kind\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"M\n\rTokenLogprobs\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x02 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x03 \x03(\x02\"/\n\x0bSparseProbs\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\r\n\x05probs\x18\x02 \x03(\x02\"\r\n\x0bInfoRequest\"\xb4\x04\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\x12\x16\n\x0ekv_cache_dtype\x18\x04 \x01(\t\x12\x16\n\x0enum_free_pages\x18\x05 \x01(\r\x12\x17\n\x0fnum_total_pages\x18\x06 \x01(\r\x12\x11\n\tpage_size\x18\x07 \x01(\r\x12\x15\n\reos_token_ids\x18\x08 \x03(\r\x12+\n\tkv_scales\x18\t \x01(\x0b\x32\x18.specdec.v1.KVScaleTable\x12\x12\n\nnum_layers\x18\n \x01(\r\x12\x11\n\tnum_steps\x18\x0b \x01(\x04\x12\x18\n\x10num_ingest_plans\x18\x0c \x01(\x04\x12\x1b\n\x13num_ingested_tokens\x18\r \x01(\x04\x12\x15\n\rnum_sequences\x18\x0e \x01(\r\x12\x17\n\x0f\x66orward_seconds\x18\x0f \x01(\x01\x12\x1d\n\x15\x61head_forward_seconds\x18\x10 \x01(\x01\x12\x1c\n\x14prefix_cache_queries\x18\x11 \x01(\x04\x12\x19\n\x11prefix_cache_hits\x18\x12 \x01(\x04\x12\x1b\n\x13num_computed_tokens\x18\x13 \x01(\x04\x12\x16\n\x0eprefix_caching\x18\x14 \x01(\x08\x12\x13\n\x0bhidden_size\x18\x15 \x01(\r\x12\x1d\n\x15reads_target_features\x18\x16 \x01(\x08\"<\n\x0eReleaseRequest\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\x12\x15\n\rall_of_caller\x18\x02 \x01(\x08\"?\n\x0fReleaseResponse\x12\x14\n\x0cnum_released\x18\x01 \x01(\r\x12\x16\n\x0enum_free_pages\x18\x02 \x01(\r\"=\n\x0c\x43\x61\x63hedLength\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11num_cached_tokens\x18\x02 \x01(\r\"*\n\tStepError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,27 +36,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KVSCALETABLE']._serialized_start=39
   _globals['_KVSCALETABLE']._serialized_end=119
   _globals['_SAMPLINGPARAMS']._serialized_start=122
-  _globals['_SAMPLINGPARAMS']._serialized_end=595
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=525
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=573
-  _globals['_STRUCTUREDOUTPUT']._serialized_start=598
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=748
-  _globals['_CHOICELIST']._serialized_start=750
-  _globals['_CHOICELIST']._serialized_end=779
-  _globals['_TOKENLOGPROBS']._serialized_start=781
-  _globals['_TOKENLOGPROBS']._serialized_end=858
-  _globals['_SPARSEPROBS']._serialized_start=860
-  _globals['_SPARSEPROBS']._serialized_end=907
-  _globals['_INFOREQUEST']._serialized_start=909
-  _globals['_INFOREQUEST']._serialized_end=922
-  _globals['_MODELINFO']._serialized_start=925
-  _globals['_MODELINFO']._serialized_end=1489
-  _globals['_RELEASEREQUEST']._serialized_start=1491
-  _globals['_RELEASEREQUEST']._serialized_end=1551
-  _globals['_RELEASERESPONSE']._serialized_start=1553
-  _globals['_RELEASERESPONSE']._serialized_end=1616
-  _globals['_CACHEDLENGTH']._serialized_start=1618
-  _globals['_CACHEDLENGTH']._serialized_end=1679
-  _globals['_STEPERROR']._serialized_start=1681
-  _globals['_STEPERROR']._serialized_end=1723
+  _globals['_SAMPLINGPARAMS']._serialized_end=645
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=555
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=603
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=648
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=798
+  _globals['_CHOICELIST']._serialized_start=800
+  _globals['_CHOICELIST']._serialized_end=829
+  _globals['_TOKENLOGPROBS']._serialized_start=831
+  _globals['_TOKENLOGPROBS']._serialized_end=908
+  _globals['_SPARSEPROBS']._serialized_start=910
+  _globals['_SPARSEPROBS']._serialized_end=957
+  _globals['_INFOREQUEST']._serialized_start=959
+  _globals['_INFOREQUEST']._serialized_end=972
+  _globals['_MODELINFO']._serialized_start=975
+  _globals['_MODELINFO']._serialized_end=1539
+  _globals['_RELEASEREQUEST']._serialized_start=1541
+  _globals['_RELEASEREQUEST']._serialized_end=1601
+  _globals['_RELEASERESPONSE']._serialized_start=1603
+  _globals['_RELEASERESPONSE']._serialized_end=1666
+  _globals['_CACHEDLENGTH']._serialized_start=1668
+  _globals['_CACHEDLENGTH']._serialized_end=1729
+  _globals['_STEPERROR']._serialized_start=1731
+  _globals['_STEPERROR']._serialized_end=1773
 # @@protoc_insertion_point(module_scope)

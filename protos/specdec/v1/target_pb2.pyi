@@ -79,7 +79,7 @@ class VerifyRequest(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., prefill: _Optional[_Iterable[_Union[PrefillChunk, _Mapping]]] = ..., decode: _Optional[_Iterable[_Union[VerifyEntry, _Mapping]]] = ..., num_steps: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., return_features: bool = ...) -> None: ...
 
 class VerifyResult(_message.Message):
-    __slots__ = ("request_id", "token_ids", "num_accepted", "num_cached_tokens", "error_code", "error_message", "num_prefix_cached_tokens", "features", "feature_start", "logprobs")
+    __slots__ = ("request_id", "token_ids", "num_accepted", "num_cached_tokens", "error_code", "error_message", "num_prefix_cached_tokens", "features", "feature_start", "logprobs", "prompt_logprobs", "prompt_logprobs_start")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,8 @@ class VerifyResult(_message.Message):
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     FEATURE_START_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_START_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_accepted: int
@@ -100,7 +102,9 @@ class VerifyResult(_message.Message):
     features: bytes
     feature_start: int
     logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprobs]
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., num_prefix_cached_tokens: _Optional[int] = ..., features: _Optional[bytes] = ..., feature_start: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ...) -> None: ...
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprobs]
+    prompt_logprobs_start: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., num_prefix_cached_tokens: _Optional[int] = ..., features: _Optional[bytes] = ..., feature_start: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., prompt_logprobs_start: _Optional[int] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
     __slots__ = ("results", "num_free_pages")
