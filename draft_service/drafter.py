@@ -6,6 +6,7 @@ Plain domain code (no gRPC): the servicer turns messages into the dataclasses of
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field, replace
 
@@ -306,11 +307,6 @@ class Drafter:
         bad = [t for t in entry.ahead_of if t >= self.runner.vocab_size]
         if bad:
             raise InvalidRequestError(f"request {rid}: ahead_of holds out-of-range id {bad[0]}")
-        if entry.sampling.grammar is not None:
-            try:
-                self._grammars.state(rid, entry.sampling.grammar)
-            except GrammarError as e:
-                raise InvalidRequestError(f"request {rid}: {e}") from None
         bad_id = entry.sampling.id_out_of_range(self.runner.vocab_size)
         if bad_id is not None:
             raise InvalidRequestError(f"request {rid}: sampling names out-of-range id {bad_id}")
@@ -613,15 +609,19 @@ class Drafter:
         allowed = None
         if w.sampling.grammar is not None:
             output = before[w.sampling.processing.num_prompt_tokens :].tolist()
-            allowed = self._grammars.masks(w.request_id, w.sampling.grammar, output, (), 1)
+            # A grammar the draft cannot build leaves its proposals unmasked: fewer are
+            # accepted, and the target's mask keeps the output exact.
+            with contextlib.suppress(GrammarError):
+                allowed = self._grammars.masks(w.request_id, w.sampling.grammar, output, (), 1)
         return w.sampling.processed(logits, before, (), allowed)
 
     def _sample(
         self, w: _Work, logits: torch.Tensor, index: int
     ) -> tuple[int | None, SparseProbs | None]:
         """A draw from q and q itself, q being the request's distribution cut to its
-        MAX_DRAFT_SUPPORT likeliest tokens (what travels); the draw is keyed by the
-        proposal's absolute position, so a draft rebuilt from the log proposes the same.
+        MAX_DRAFT_SUPPORT likeliest tokens (what travels; greedy under logits processing:
+        the argmax and no q); the draw is keyed by the proposal's absolute position, so a
+        draft rebuilt from the log proposes the same.
         ``(None, None)`` where q's likeliest token is below ``min_prob`` and it is not the
         first proposal (``index`` 0): the proposals end here."""
         cut = w.min_prob if index > 0 else 0.0

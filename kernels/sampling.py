@@ -120,7 +120,8 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], num_top: int) -> lis
     """Row ``i`` of ``logits`` ``[len(tokens), V]`` scores ``tokens[i]``: its log-softmax
     (float32) at that token, and the ``num_top`` largest with their ids."""
     logprobs = torch.log_softmax(logits.to(torch.float32), dim=-1)
-    picked = logprobs[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+    index = torch.tensor(tokens, dtype=torch.int64, device=logits.device)
+    picked = logprobs[torch.arange(len(tokens), device=logits.device), index].tolist()
     top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (None, None)
     return [
         TokenLogprobs(

@@ -10,7 +10,7 @@ rejected proposals rolled back, and the draft's picks, proposal after proposal.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import llguidance
@@ -31,17 +31,34 @@ class GrammarTokenizer:
         self._tokenizer: llguidance.LLTokenizer | None = None
 
     def state(self, grammar: str) -> GrammarState:
-        """A fresh matcher for ``grammar``; GrammarError when it does not compile."""
+        """A fresh state for ``grammar``; GrammarError when it does not compile or the
+        tokenizer cannot be read."""
+        return GrammarState(grammar, self.matcher, self.vocab_size, self.num_ids)
+
+    def matcher(self, grammar: str) -> llguidance.LLMatcher:
+        """A matcher at the grammar's start; GrammarError as ``state``."""
+        tokenizer = self._loaded()
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"structured output: {matcher.get_error()}")
+        return matcher
+
+    @property
+    def num_ids(self) -> int:
+        """Token ids the tokenizer knows (the model's vocabulary may pad past them)."""
+        return self._loaded().vocab_size
+
+    def _loaded(self) -> llguidance.LLTokenizer:
         if self._tokenizer is None:
             if not self.path.is_file():
                 raise GrammarError(f"structured output needs the model's {self.path}")
-            self._tokenizer = llguidance.LLTokenizer(
-                self.path.read_text(), eos_token=self.eos_token_ids or None
-            )
-        matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
-        if matcher.is_error():
-            raise GrammarError(f"structured output: {matcher.get_error()}")
-        return GrammarState(grammar, matcher, self.vocab_size)
+            try:
+                self._tokenizer = llguidance.LLTokenizer(
+                    self.path.read_text(), eos_token=self.eos_token_ids or None
+                )
+            except (OSError, ValueError, RuntimeError) as e:
+                raise GrammarError(f"structured output: cannot read {self.path}: {e}") from None
+        return self._tokenizer
 
 
 class Grammars:
@@ -72,10 +89,18 @@ class Grammars:
 class GrammarState:
     """One sequence's matcher and the output tokens it has consumed."""
 
-    def __init__(self, grammar: str, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+    def __init__(
+        self,
+        grammar: str,
+        new_matcher: Callable[[str], llguidance.LLMatcher],
+        vocab_size: int,
+        num_ids: int,
+    ) -> None:
         self.grammar = grammar
-        self.matcher = matcher
-        self.vocab_size = vocab_size
+        self.new_matcher = new_matcher
+        self.matcher = new_matcher(grammar)
+        self.vocab_size = vocab_size  # the model's (its logits' width)
+        self.num_ids = num_ids  # the tokenizer's: the grammar refuses every id past them
         self.consumed: list[int] = []
 
     def masks(self, output: Sequence[int], chain: Sequence[int], rows: int) -> torch.Tensor:
@@ -94,19 +119,35 @@ class GrammarState:
 
     def _follow(self, tokens: list[int]) -> bool:
         """Brings the matcher to exactly ``tokens``; False where the grammar refuses one
-        (the matcher then holds the longest prefix it accepts)."""
+        (the matcher then holds the longest prefix it accepts). A matcher that fell into
+        llguidance's error state is made again and replayed, never reused."""
         common = 0
         for a, b in zip(self.consumed, tokens, strict=False):
             if a != b:
                 break
             common += 1
         if common < len(self.consumed):
-            self.matcher.rollback(len(self.consumed) - common)
+            if not self.matcher.rollback(len(self.consumed) - common):
+                return self._restart(tokens)
             del self.consumed[common:]
-        rest = tokens[common:]
-        taken = self.matcher.try_consume_tokens(rest) if rest else 0
-        self.consumed += rest[:taken]
-        return taken == len(rest)
+        return self._consume(tokens[common:]) and len(self.consumed) == len(tokens)
+
+    def _consume(self, tokens: list[int]) -> bool:
+        """Consumes the longest prefix of ``tokens`` the grammar accepts; False when the
+        matcher broke (then made again at the consumed tokens)."""
+        usable = next((i for i, t in enumerate(tokens) if t >= self.num_ids), len(tokens))
+        taken = self.matcher.try_consume_tokens(tokens[:usable]) if usable else 0
+        if self.matcher.is_error():
+            return self._restart(self.consumed + tokens[:taken])
+        self.consumed += tokens[:taken]
+        return True
+
+    def _restart(self, tokens: list[int]) -> bool:
+        self.matcher = self.new_matcher(self.grammar)
+        self.consumed = []
+        taken = self.matcher.try_consume_tokens(tokens) if tokens else 0
+        self.consumed = tokens[:taken]
+        return taken == len(tokens) and not self.matcher.is_error()
 
     def _allowed(self) -> torch.Tensor:
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)

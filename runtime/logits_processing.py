@@ -55,7 +55,12 @@ class LogitsProcessing:
             produced = start - self.num_prompt_tokens + np.arange(rows)  # outputs before each row
             early = torch.from_numpy(np.flatnonzero(produced < self.min_tokens)).to(device)
             stops = torch.tensor(self.min_tokens_stop_ids, dtype=torch.int64, device=device)
-            out[early[:, None], stops[None, :]] = float("-inf")
+            blocked = out[early]
+            blocked[:, stops] = float("-inf")
+            # A row that allows nothing but stop tokens (a grammar that may only end there)
+            # keeps them: min_tokens yields rather than leave no token at all.
+            alive = torch.isfinite(blocked).any(dim=-1)
+            out[early[alive]] = blocked[alive]
         if self.logit_bias:
             ids = torch.tensor([t for t, _ in self.logit_bias], dtype=torch.int64, device=device)
             bias = torch.tensor([b for _, b in self.logit_bias], dtype=torch.float32, device=device)

@@ -38,7 +38,7 @@ def grammar_of(msg: common_pb2.StructuredOutput) -> str | None:
     return _compiled(source, text)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=1024)  # the services look a request's grammar up at every step
 def _compiled(source: str, text: str) -> str:
     try:
         if source == "json_schema":

@@ -447,7 +447,8 @@ class Verifier:
             rows = torch.cat([before[None], rows])
         else:
             tokens = tokens[1:]  # the first token of the sequence has no logprob
-        self._last_prompt_row[rid] = rows[-1]
+        if not c.is_last:
+            self._last_prompt_row[rid] = rows[-1]
         start = c.start_position + len(c.token_ids) - len(tokens)
         return token_logprobs(rows[:-1], tokens, num), start
 

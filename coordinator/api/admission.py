@@ -5,6 +5,8 @@ step, where it would take the requests batched beside it down too."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 from collections.abc import Iterable
 from dataclasses import replace
@@ -90,6 +92,14 @@ def checked_request(
     )
 
 
+async def compile_constraint(structured: common_pb2.StructuredOutput) -> None:
+    """Compiles a request's constraint on a worker thread (llguidance can take a second on
+    a large grammar, which the event loop must not wait for); ``checked_sampling`` then
+    finds it compiled. A constraint that does not compile is left for it to refuse."""
+    with contextlib.suppress(GrammarError):
+        await asyncio.to_thread(grammar_of, structured)
+
+
 def checked_sampling(s: SamplingParams, vocab_size: int) -> SamplingParams:
     """``s`` with its unset values normalised, or InvalidRequest naming the value that is
     out of range (OpenAI's ranges for the penalties and logit_bias, vLLM's for the rest)."""
@@ -111,8 +121,8 @@ def checked_sampling(s: SamplingParams, vocab_size: int) -> SamplingParams:
         if math.isnan(value) or not -2 <= value <= 2:
             raise InvalidRequest(f"{name} must be in [-2, 2], got {value}")
     repetition = s.repetition_penalty or 1.0
-    if math.isnan(repetition) or not 0 < repetition <= 2:
-        raise InvalidRequest(f"repetition_penalty must be in (0, 2], got {repetition}")
+    if not (math.isfinite(repetition) and repetition > 0):
+        raise InvalidRequest(f"repetition_penalty must be a finite number > 0, got {repetition}")
     for token, bias in s.logit_bias:
         if not 0 <= token < vocab_size:
             raise InvalidRequest(

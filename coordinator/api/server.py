@@ -31,7 +31,7 @@ from specdec.auth import (
     split_keys,
 )
 from specdec.auth.tls import TLSFiles
-from specdec.coordinator.api.admission import checked_request
+from specdec.coordinator.api.admission import checked_request, compile_constraint
 from specdec.coordinator.api.chat import ChatTemplate
 from specdec.coordinator.api.detokenizer import IncrementalDetokenizer, load_tokenizer
 from specdec.coordinator.api.output_stream import caller_scope, status_code
@@ -102,6 +102,7 @@ async def build_request(
     ``scope`` keeps the client's request id apart from other callers' (`caller_scope`)."""
     s = message.sampling
     has_cap = message.HasField("num_speculative_tokens")
+    await compile_constraint(s.structured_output)
     return checked_request(
         message.request_id or uuid.uuid4().hex,
         await prompt_ids_of(message, encoder),

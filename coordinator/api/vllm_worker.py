@@ -20,18 +20,22 @@ import time
 import uuid
 import zipfile
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
-from tokenizers import Tokenizer
 
-from specdec.coordinator.api.admission import MAX_LOGPROBS, checked_request
-from specdec.coordinator.api.detokenizer import IncrementalDetokenizer
+from specdec.coordinator.api.admission import MAX_LOGPROBS, checked_request, compile_constraint
 from specdec.coordinator.api.output_stream import caller_scope, status_code
 from specdec.coordinator.api.prompts import PromptEncoder
 from specdec.coordinator.api.samples import run_samples, sample_requests
+from specdec.coordinator.api.vllm_outputs import (
+    SampleOutput,
+    StopStrings,
+    input_logprobs,
+    output_logprobs,
+)
 from specdec.coordinator.engine.core import Engine
 from specdec.coordinator.engine.errors import InvalidRequest, SpecDecError
 from specdec.coordinator.engine.request import Request, SamplingParams
@@ -114,6 +118,9 @@ async def request_from_proto(
     else:
         raise InvalidRequest("no prompt: set tokenized or text")
     p = message.sampling_params
+    structured = _structured_output(p)
+    if structured is not None:
+        await compile_constraint(structured)
     return checked_request(
         message.request_id or uuid.uuid4().hex,
         prompt_ids,
@@ -132,7 +139,7 @@ async def request_from_proto(
             min_tokens=p.min_tokens,
             logprobs=_logprobs(p, "logprobs"),
             prompt_logprobs=_logprobs(p, "prompt_logprobs"),
-            structured_output=_structured_output(p),
+            structured_output=structured,
         ),
         max_tokens=p.max_tokens if p.HasField("max_tokens") else None,
         stop_token_ids=p.stop_token_ids,
@@ -151,25 +158,6 @@ def _logprobs(p: vllm_engine_pb2.SamplingParams, name: str) -> int | None:
     return getattr(p, name)
 
 
-def input_logprobs(
-    prompt_ids: list[int], logprobs: list | None
-) -> vllm_engine_pb2.InputLogProbs | None:
-    """The gateway's message for the prompt: the first token has no logprob."""
-    if logprobs is None:
-        return None
-    none = vllm_engine_pb2.InputTokenLogProb()
-    return vllm_engine_pb2.InputLogProbs(
-        token_logprobs=[none]
-        + [vllm_engine_pb2.InputTokenLogProb(value=t.logprob) for t in logprobs],
-        token_ids=prompt_ids,
-        top_logprobs=[vllm_engine_pb2.TopLogProbs()]
-        + [
-            vllm_engine_pb2.TopLogProbs(values=t.top_logprobs, token_ids=t.top_token_ids)
-            for t in logprobs
-        ],
-    )
-
-
 def _structured_output(p: vllm_engine_pb2.SamplingParams) -> common.StructuredOutput | None:
     """The worker protocol's constraint as specdec's (structural_tag is refused before)."""
     kind = p.WhichOneof("constraint")
@@ -178,52 +166,6 @@ def _structured_output(p: vllm_engine_pb2.SamplingParams) -> common.StructuredOu
     if kind == "choice":
         return common.StructuredOutput(choice=common.ChoiceList(choices=p.choice.choices))
     return common.StructuredOutput(**{kind: getattr(p, kind)})
-
-
-def output_logprobs(
-    token_ids: list[int], logprobs: list | None
-) -> vllm_engine_pb2.OutputLogProbs | None:
-    """The gateway's message for ``token_ids`` and their ``common_pb2.TokenLogprobs``."""
-    if logprobs is None:
-        return None
-    return vllm_engine_pb2.OutputLogProbs(
-        token_logprobs=[t.logprob for t in logprobs],
-        token_ids=token_ids,
-        top_logprobs=[
-            vllm_engine_pb2.TopLogProbs(values=t.top_logprobs, token_ids=t.top_token_ids)
-            for t in logprobs
-        ],
-    )
-
-
-class StopStrings:
-    """Finds the first stop string in a growing output. ``update`` takes the new token ids
-    and returns how many of them to keep: all when no stop string is complete, else up to
-    and including the token that completes the earliest match."""
-
-    def __init__(self, stops: list[str], tokenizer: Tokenizer | None) -> None:
-        if stops and tokenizer is None:
-            raise InvalidRequest("stop strings need the coordinator's --tokenizer")
-        if any(not s for s in stops):
-            raise InvalidRequest("stop strings must not be empty")
-        self.stops = stops
-        self.matched: str | None = None
-        self._detokenizer = IncrementalDetokenizer(tokenizer) if stops else None
-        self._text = ""
-
-    def update(self, token_ids: list[int]) -> int:
-        if self._detokenizer is None:
-            return len(token_ids)
-        longest = max(len(s) for s in self.stops)
-        for i, token in enumerate(token_ids):
-            start = max(0, len(self._text) - longest + 1)
-            self._text += self._detokenizer.update([token])
-            window = self._text[start:]
-            hits = [(window.find(s), s) for s in self.stops if s in window]
-            if hits:
-                self.matched = min(hits)[1]
-                return i + 1
-        return len(token_ids)
 
 
 def tokenizer_archive(folder: str) -> bytes:
@@ -235,20 +177,6 @@ def tokenizer_archive(folder: str) -> bytes:
             if path.is_file():
                 archive.write(path, name)
     return buffer.getvalue()
-
-
-@dataclass
-class _Output:
-    """One sample's tokens so far (and their logprobs when asked; else None)."""
-
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list | None = None
-    prompt_logprobs: list | None = None
-
-    def extend(self, delta: _Output) -> None:
-        self.token_ids += delta.token_ids
-        if delta.logprobs is not None:
-            self.logprobs = (self.logprobs or []) + delta.logprobs
 
 
 class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
@@ -274,18 +202,18 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
             scope = caller_scope(API_SCOPE, context)
             req = await request_from_proto(request, self.engine, self.encoder, scope)
             samples = sample_requests(req, request.sampling_params.n)
-            stops = [
-                StopStrings(list(request.sampling_params.stop), self.tokenizer) for _ in samples
-            ]
+            stop_strings = list(request.sampling_params.stop)
+            min_tokens = req.sampling.min_tokens
+            stops = [StopStrings(stop_strings, self.tokenizer, min_tokens) for _ in samples]
         except SpecDecError as e:
             await context.abort(status_code(e), str(e))
-        outputs: list[_Output] = [_Output() for _ in samples]
+        outputs: list[SampleOutput] = [SampleOutput() for _ in samples]
         ended: set[int] = set()
         async for index, out in run_samples(self.engine, samples, context, ended):
             sample, output, stop = samples[index], outputs[index], stops[index]
             keep = stop.update(out.token_ids)
             logprobs = None if out.logprobs is None else out.logprobs[:keep]
-            delta = _Output(out.token_ids[:keep], logprobs)
+            delta = SampleOutput(out.token_ids[:keep], logprobs)
             output.extend(delta)
             if out.prompt_logprobs is not None:
                 output.prompt_logprobs = out.prompt_logprobs
@@ -306,14 +234,14 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
                 # Streamed, the last chunk's tokens come again here, as vLLM's servicer
                 # sends them; the gateway keeps the streamed ones.
                 # Streamed, the prompt's logprobs went with the first chunk.
-                last = _Output(delta.token_ids, delta.logprobs) if request.stream else output
+                last = SampleOutput(delta.token_ids, delta.logprobs) if request.stream else output
                 yield self._complete(sample, index, last, finish, stop)
                 ended.add(index)  # a stop string: that frees its KV
                 if len(ended) == len(samples):
                     break
 
     def _complete(
-        self, req: Request, index: int, output: _Output, finish: str, stops: StopStrings
+        self, req: Request, index: int, output: SampleOutput, finish: str, stops: StopStrings
     ) -> vllm_engine_pb2.GenerateResponse:
         output_ids = output.token_ids
         complete = vllm_engine_pb2.GenerateComplete(

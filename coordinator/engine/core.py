@@ -588,8 +588,9 @@ def _keep_features(request: Request, result: target_pb2.VerifyResult) -> None:
 
 
 def _keep_prompt_logprobs(request: Request, result: target_pb2.VerifyResult) -> None:
-    """The prompt positions a prefill chunk scored that the request lacks (a resumed
-    request's chunks score its log again)."""
+    """The prompt positions a prefill chunk scored that the request lacks. Once it has
+    them all, it stops asking: a request resumed after a preemption prefills from the
+    prefix cache like any other."""
     known = 1 + len(request.prompt_logprobs)  # position 0 has none
     position = result.prompt_logprobs_start
     for lp in result.prompt_logprobs:
@@ -597,3 +598,8 @@ def _keep_prompt_logprobs(request: Request, result: target_pb2.VerifyResult) -> 
             request.prompt_logprobs.append(lp)
             known += 1
         position += 1
+    if known >= request.num_prompt_tokens and request.sampling_message.HasField("prompt_logprobs"):
+        message = common_pb2.SamplingParams()
+        message.CopyFrom(request.sampling_message)
+        message.ClearField("prompt_logprobs")
+        request.sampling_message = message

@@ -14,10 +14,8 @@ from tokenizers import Tokenizer
 
 from specdec.config import TINY_TARGET
 from specdec.coordinator.api.prompts import PromptEncoder
+from specdec.coordinator.api.vllm_outputs import StopStrings, input_logprobs, output_logprobs
 from specdec.coordinator.api.vllm_worker import (
-    StopStrings,
-    input_logprobs,
-    output_logprobs,
     request_from_proto,
     tokenizer_archive,
     unsupported_fields,
@@ -193,6 +191,11 @@ def test_stop_strings_cut_at_the_token_that_completes_the_first_match(tokenizer)
     assert stops.matched == "return"
     assert "return" in tokenizer.decode(ids[:total])
     assert "return" not in tokenizer.decode(ids[: total - 1])
+    # As vLLM: no stop string ends the output before min_tokens tokens; one completed
+    # earlier does not match later.
+    first = next(n for n in range(1, len(ids) + 1) if "return" in tokenizer.decode(ids[:n]))
+    held = StopStrings(["return"], tokenizer, min_tokens=first + 1)
+    assert held.update(ids[: first + 1]) == first + 1 and held.matched is None
     none = StopStrings([], None)
     assert none.update(ids) == len(ids) and none.matched is None
     with pytest.raises(InvalidRequest, match="empty"):

@@ -117,6 +117,19 @@ def test_json_schemas_hold_and_greedy_equals_target_only(stack):
     assert sum(o.stats["num_accepted_tokens"] for o in speculative) > 0
 
 
+def test_min_tokens_yields_to_a_grammar_that_may_only_end(stack):
+    """Choices shorter than min_tokens end at their EOS, sampled or greedy, on both
+    services (the draft proposes under the same rule)."""
+    choice = common_pb2.StructuredOutput(choice=common_pb2.ChoiceList(choices=["yes", "no"]))
+    params = [
+        GenerateParams(max_tokens=16, min_tokens=6, structured_output=choice, temperature=t, seed=s)
+        for t in (0.0, 0.7)
+        for s in range(4)
+    ]
+    _, outs = generate_concurrently(stack.address, ["Is it?"] * len(params), params)
+    assert all(o.text in ("yes", "no") and o.finish_reason == "stop" for o in outs)
+
+
 def test_a_malformed_schema_is_invalid_argument_and_the_next_request_runs(stack):
     bad = common_pb2.StructuredOutput(json_schema='{"type": "object", "properties": ')
     with CoordinatorClient(stack.address) as client:
@@ -136,6 +149,7 @@ def test_prompt_logprobs_are_the_targets_across_chunks(prompt_ids):
     params = GenerateParams(max_tokens=4, prompt_logprobs=3, logprobs=1)
     with running_stack(**config) as s, CoordinatorClient(s.address) as client:
         first, again = client.generate(prompt, params), client.generate(prompt, params)
+        alone = client.generate(prompt[:1], params)  # one token: nothing to score
     with torch.no_grad():
         logits = load_hf_model(TARGET)(torch.tensor([prompt])).logits[0]
     exact = torch.log_softmax(logits.double(), -1)
@@ -148,3 +162,4 @@ def test_prompt_logprobs_are_the_targets_across_chunks(prompt_ids):
         [lp for lp, _ in first.prompt_logprobs], abs=1e-5
     )
     assert again.stats["num_cached_tokens"] == 0 and again.token_ids == first.token_ids
+    assert alone.prompt_logprobs == [] and len(alone.token_ids) == 4

@@ -209,3 +209,14 @@ def test_from_proto_maps_the_new_fields():
         num_prompt_tokens=12,
     )
     assert Sampling.from_proto(common_pb2.SamplingParams(logprobs=0), "r").logprobs == 0
+
+
+def test_min_tokens_yields_where_only_stop_tokens_are_left():
+    """A row that a grammar leaves nothing but stop tokens (it may only end there) keeps
+    them, rather than leave no token at all; a row with other tokens does not."""
+    logits = torch.zeros(2, 6)
+    logits[0, 1:] = float("-inf")  # row 0: only token 0 (a stop id) allowed
+    processing = LogitsProcessing(min_tokens=5, min_tokens_stop_ids=(0,), num_prompt_tokens=2)
+    out = processing.apply(logits, [7, 8], [3])
+    assert out[0, 0] == 0.0 and bool(torch.isinf(out[0, 1:]).all())
+    assert out[1, 0] == float("-inf") and bool((out[1, 1:] == 0).all())
