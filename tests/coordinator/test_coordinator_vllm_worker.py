@@ -106,7 +106,7 @@ def test_the_processing_fields_reach_the_request():
         ({"logprobs": 21}, r"logprobs must be in \[0, 20\]"),
         ({"prompt_logprobs": -1}, "every token's"),
         ({"presence_penalty": 2.5}, r"presence_penalty must be in \[-2, 2\]"),
-        ({"repetition_penalty": -1}, "repetition_penalty must be in"),
+        ({"repetition_penalty": -1}, "repetition_penalty must be a finite number > 0"),
         ({"min_p": 1.5}, r"min_p must be in \[0, 1\]"),
         ({"logit_bias": {70000: 1.0}}, "logit_bias names token id 70000"),
         ({"logit_bias": {5: 101.0}}, r"must be in \[-100, 100\]"),
