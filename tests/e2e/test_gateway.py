@@ -335,11 +335,12 @@ def test_the_request_surface_through_the_stock_client(client):
     assert len(steps) == plain.usage.completion_tokens - 1
     assert all(s.top_logprobs[0].token == s.token and len(s.top_logprobs) == 3 for s in steps)
     assert all(s.logprob <= 0 for s in steps)
-    samples = chat(n=3, temperature=1.0, seed=4)
-    assert len(samples.choices) == 3
+    samples = chat(n=4, temperature=1.0, seed=4)
+    assert sorted(c.index for c in samples.choices) == [0, 1, 2, 3]
     assert [c.message.content for c in samples.choices] == [
-        c.message.content for c in chat(n=3, temperature=1.0, seed=4).choices
+        c.message.content for c in chat(n=4, temperature=1.0, seed=4).choices
     ]
+    assert len({c.message.content for c in samples.choices}) > 1
     penalised = chat(presence_penalty=2.0, frequency_penalty=2.0, max_tokens=40)
     assert penalised.choices[0].message.content != plain.choices[0].message.content
     schema = {
