@@ -92,6 +92,23 @@ def checked_request(
     )
 
 
+def sampling_params(message, **fields) -> SamplingParams:
+    """The sampling fields both public APIs' messages name alike (``specdec.v1``'s and
+    vLLM's ``SamplingParams``), as the client sent them, and ``fields``."""
+    return SamplingParams(
+        top_p=message.top_p,
+        top_k=message.top_k,
+        seed=message.seed if message.HasField("seed") else None,
+        min_p=message.min_p,
+        presence_penalty=message.presence_penalty,
+        frequency_penalty=message.frequency_penalty,
+        repetition_penalty=message.repetition_penalty,
+        logit_bias=tuple(message.logit_bias.items()),
+        min_tokens=message.min_tokens,
+        **fields,
+    )
+
+
 async def compile_constraint(structured: common_pb2.StructuredOutput) -> None:
     """Compiles a request's constraint on a worker thread (llguidance can take a second on
     a large grammar, which the event loop must not wait for); ``checked_sampling`` then

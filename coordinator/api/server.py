@@ -31,7 +31,11 @@ from specdec.auth import (
     split_keys,
 )
 from specdec.auth.tls import TLSFiles
-from specdec.coordinator.api.admission import checked_request, compile_constraint
+from specdec.coordinator.api.admission import (
+    checked_request,
+    compile_constraint,
+    sampling_params,
+)
 from specdec.coordinator.api.chat import ChatTemplate
 from specdec.coordinator.api.detokenizer import IncrementalDetokenizer, load_tokenizer
 from specdec.coordinator.api.output_stream import caller_scope, status_code
@@ -45,7 +49,7 @@ from specdec.coordinator.engine.core import Engine, ModelLimits
 from specdec.coordinator.engine.errors import InvalidRequest, SpecDecError
 from specdec.coordinator.engine.kv_pool import KVPool
 from specdec.coordinator.engine.metrics import Metrics, create_metrics, serve_metrics
-from specdec.coordinator.engine.request import Request, SamplingParams
+from specdec.coordinator.engine.request import Request
 from specdec.coordinator.engine.stats import SpecStats
 from specdec.coordinator.engine.step_streams import StreamedStub
 from specdec.flags import from_args, parser_for
@@ -108,20 +112,12 @@ async def build_request(
         await prompt_ids_of(message, encoder),
         limits,
         scope=scope,
-        sampling=SamplingParams(
+        sampling=sampling_params(
+            s,
             temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            seed=s.seed if s.HasField("seed") else None,
-            min_p=s.min_p,
-            presence_penalty=s.presence_penalty,
-            frequency_penalty=s.frequency_penalty,
-            repetition_penalty=s.repetition_penalty,
-            logit_bias=tuple(s.logit_bias.items()),
-            min_tokens=s.min_tokens,
             logprobs=s.logprobs if s.HasField("logprobs") else None,
-            structured_output=s.structured_output,
             prompt_logprobs=s.prompt_logprobs if s.HasField("prompt_logprobs") else None,
+            structured_output=s.structured_output,
         ),
         max_tokens=message.max_tokens,
         stop_token_ids=message.stop_token_ids,

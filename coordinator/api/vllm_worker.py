@@ -26,7 +26,12 @@ from pathlib import Path
 import grpc
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
 
-from specdec.coordinator.api.admission import MAX_LOGPROBS, checked_request, compile_constraint
+from specdec.coordinator.api.admission import (
+    MAX_LOGPROBS,
+    checked_request,
+    compile_constraint,
+    sampling_params,
+)
 from specdec.coordinator.api.output_stream import caller_scope, status_code
 from specdec.coordinator.api.prompts import PromptEncoder
 from specdec.coordinator.api.samples import run_samples, sample_requests
@@ -38,7 +43,7 @@ from specdec.coordinator.api.vllm_outputs import (
 )
 from specdec.coordinator.engine.core import Engine
 from specdec.coordinator.engine.errors import InvalidRequest, SpecDecError
-from specdec.coordinator.engine.request import Request, SamplingParams
+from specdec.coordinator.engine.request import Request
 from specdec.v1 import common_pb2 as common
 
 SERVICE_NAME = vllm_engine_pb2.DESCRIPTOR.services_by_name["VllmEngine"].full_name
@@ -126,17 +131,9 @@ async def request_from_proto(
         prompt_ids,
         engine.limits,
         scope=scope,
-        sampling=SamplingParams(
+        sampling=sampling_params(
+            p,
             temperature=p.temperature if p.HasField("temperature") else 1.0,  # vLLM's default
-            top_p=p.top_p,
-            top_k=p.top_k,
-            seed=p.seed if p.HasField("seed") else None,
-            min_p=p.min_p,
-            presence_penalty=p.presence_penalty,
-            frequency_penalty=p.frequency_penalty,
-            repetition_penalty=p.repetition_penalty,
-            logit_bias=tuple(p.logit_bias.items()),
-            min_tokens=p.min_tokens,
             logprobs=_logprobs(p, "logprobs"),
             prompt_logprobs=_logprobs(p, "prompt_logprobs"),
             structured_output=structured,
