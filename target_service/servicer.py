@@ -13,7 +13,8 @@ from specdec.model_service.servicer import ModelServicer
 from specdec.model_service.status import status_code_for
 from specdec.runtime.errors import InvalidRequestError
 from specdec.runtime.sampling import Sampling
-from specdec.target_service.verifier import PrefillChunk, Verifier, VerifyEntry, VerifyResult
+from specdec.target_service.steps import PrefillChunk, VerifyEntry, VerifyResult
+from specdec.target_service.verifier import Verifier
 from specdec.telemetry.tracing import rpc_span
 from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
 

@@ -1,18 +1,19 @@
 """The target model's side of a step: prefill chunks and verify proposals, one forward.
 
-Plain domain code (no gRPC): the servicer turns messages into these dataclasses and back.
+Plain domain code (no gRPC): the servicer turns messages into the dataclasses of
+``target_service.steps`` and back.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from specdec.kernels.paged_kv_cache import OutOfPagesError
 from specdec.kernels.random_stream import SAMPLE_DRAW, TARGET_DOMAIN, RandomStream
-from specdec.kernels.sampling import SparseProbs, TokenLogprobs, sample_token, token_logprobs
+from specdec.kernels.sampling import TokenLogprobs, sample_token, token_logprobs
 from specdec.kernels.verify import chain_speculative_sampling, verify_greedy
 from specdec.runtime.errors import InvalidRequestError, OutOfSyncError, UnknownRequestError
 from specdec.runtime.grammar import Grammars, GrammarTokenizer
@@ -20,61 +21,14 @@ from specdec.runtime.model_runner import ChunkOutput, ModelRunner
 from specdec.runtime.sampling import Sampling
 from specdec.runtime.sequence import SequenceChunk
 from specdec.runtime.structured_output import GrammarError
+from specdec.target_service.steps import (
+    PrefillChunk,
+    VerifyEntry,
+    VerifyResult,
+    check_draft_probs,
+)
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PrefillChunk:
-    """Prompt tokens from ``start_position``; ``is_last`` ends the prefill and emits the
-    first generated token, unless the chunk ``resumes`` a preempted request (its committed
-    log recomputed but the last token, whose token was emitted before)."""
-
-    request_id: str
-    start_position: int
-    token_ids: tuple[int, ...]
-    is_last: bool = False
-    sampling: Sampling = Sampling()
-    resumes: bool = False
-
-    @property
-    def emits(self) -> bool:
-        return self.is_last and not self.resumes
-
-
-@dataclass(frozen=True)
-class VerifyEntry:
-    """Verify ``[last_token_id, *proposal_ids]``; ``start_position`` is the last token's."""
-
-    request_id: str
-    start_position: int
-    last_token_id: int
-    proposal_ids: tuple[int, ...] = ()
-    draft_probs: tuple[SparseProbs, ...] | None = None  # one per proposal; needed when sampling
-    sampling: Sampling = Sampling()
-    # Multi-step decoding (``Verifier.verify``'s num_steps > 1): at most this many tokens
-    # (0 = num_steps), none after a stop token.
-    max_new_tokens: int = 0
-    stop_token_ids: frozenset[int] = frozenset()
-
-
-@dataclass(frozen=True)
-class VerifyResult:
-    request_id: str
-    token_ids: list[int]  # accepted proposals + the target's own token; [] mid-prefill
-    num_accepted: int
-    num_cached_tokens: int
-    error: Exception | None = None  # this entry failed (nothing of it kept); others went on
-    num_prefix_cached_tokens: int = 0  # of a prefill chunk: tokens taken from the prefix cache
-    # With return_features: final hidden states [rows, hidden] of the positions computed and
-    # kept, from feature_start (a verify: the last token's and the accepted proposals').
-    features: torch.Tensor | None = None
-    feature_start: int = 0
-    # With sampling.logprobs set: one per token_ids entry, from the raw logits.
-    logprobs: list[TokenLogprobs] | None = None
-    # A prefill chunk with sampling.prompt_logprobs: its tokens' from prompt_logprobs_start.
-    prompt_logprobs: list[TokenLogprobs] | None = None
-    prompt_logprobs_start: int = 0
 
 
 class Verifier:
@@ -167,7 +121,7 @@ class Verifier:
             self._streams[c.request_id] = c.sampling.random_stream(TARGET_DOMAIN)
             self._history[c.request_id] = []
         chunks = [
-            SequenceChunk(c.request_id, list(c.token_ids), _num_logits(c),
+            SequenceChunk(c.request_id, list(c.token_ids), c.num_logits,
                           len(c.token_ids) if return_features else 0)
             for c in prefill
         ]  # fmt: skip
@@ -382,7 +336,7 @@ class Verifier:
                 f"proposal (K = {k})"
             )
         if not e.sampling.greedy and k:
-            _check_draft_probs(rid, e.draft_probs, e.proposal_ids, self.runner.vocab_size)
+            check_draft_probs(rid, e.draft_probs, e.proposal_ids, self.runner.vocab_size)
 
     def _held(self, rid: str) -> int:
         return self.runner.seq_len(rid) if rid in self._streams else 0
@@ -496,51 +450,6 @@ class Verifier:
         features = out.hidden[: accepted + 1] if out.hidden.numel() else None
         return VerifyResult(e.request_id, emitted, accepted, held, features=features,
                             feature_start=e.start_position, logprobs=logprobs)  # fmt: skip
-
-
-def _check_draft_probs(
-    rid: str, rows: tuple[SparseProbs, ...], proposals: tuple[int, ...], vocab: int
-) -> None:
-    """Rejection sampling is exact only for the distributions the proposals were drawn
-    from: each a probability vector over distinct in-vocabulary ids that gives its proposal
-    a positive probability."""
-    for i, row in enumerate(rows):
-        ids = row.token_ids
-        if ids.shape != row.probs.shape:
-            raise InvalidRequestError(
-                f"request {rid}: draft_probs {i} has {ids.numel()} token ids and "
-                f"{row.probs.numel()} probs"
-            )
-        if ids.numel() and not (int(ids.min()) >= 0 and int(ids.max()) < vocab):
-            raise InvalidRequestError(
-                f"request {rid}: draft_probs {i} names a token id outside [0, {vocab})"
-            )
-        if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
-            raise InvalidRequestError(f"request {rid}: draft_probs {i} token ids must ascend")
-    q = torch.stack([row.dense(vocab) for row in rows])
-    if not bool(torch.isfinite(q).all()) or bool((q < 0).any()):
-        raise InvalidRequestError(f"request {rid}: draft_probs must be finite and >= 0")
-    sums = q.sum(-1, dtype=torch.float64)
-    bad = torch.nonzero((sums - 1.0).abs() > 1e-3).flatten().tolist()
-    if bad:
-        raise InvalidRequestError(
-            f"request {rid}: draft_probs row {bad[0]} sums to {float(sums[bad[0]]):.6g}, not 1"
-        )
-    picked = q[torch.arange(len(proposals)), torch.tensor(proposals)]
-    zero = torch.nonzero(picked <= 0).flatten().tolist()
-    if zero:
-        raise InvalidRequestError(
-            f"request {rid}: draft_probs gives proposal {zero[0]} (token "
-            f"{proposals[zero[0]]}) probability 0; it cannot have been drawn from it"
-        )
-
-
-def _num_logits(c: PrefillChunk) -> int:
-    """Logits rows a prefill chunk asks for: every token's for prompt logprobs, else the
-    last one's when it emits."""
-    if c.sampling.prompt_logprobs is not None:
-        return len(c.token_ids)
-    return int(c.emits)
 
 
 def _joined(first: torch.Tensor | None, then: torch.Tensor | None) -> torch.Tensor | None:

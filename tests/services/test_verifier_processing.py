@@ -21,7 +21,8 @@ from specdec.runtime.logits_processing import LogitsProcessing
 from specdec.runtime.model_runner import ModelRunner
 from specdec.runtime.sampling import Sampling
 from specdec.runtime.sequence import SequenceChunk
-from specdec.target_service.verifier import PrefillChunk, Verifier, VerifyEntry
+from specdec.target_service.steps import PrefillChunk, VerifyEntry
+from specdec.target_service.verifier import Verifier
 
 K = 3
 NUM_TOKENS = 1 + 3 * (K + 1)  # the prefill's token, then three all-accepted verifies
