@@ -119,7 +119,7 @@ class GrammarState:
             return allowed
         for r in range(rows):
             allowed[r] = self._allowed()
-            if r + 1 < rows and not self._follow([*output, *chain[: r + 1]]):
+            if r + 1 < rows and not self._extend([chain[r]]):
                 break
         return allowed
 
@@ -136,17 +136,18 @@ class GrammarState:
             if not self.matcher.rollback(len(self.consumed) - common):
                 return self._restart(tokens)
             del self.consumed[common:]
-        return self._consume(tokens[common:]) and len(self.consumed) == len(tokens)
+        return self._extend(tokens[common:])
 
-    def _consume(self, tokens: list[int]) -> bool:
-        """Consumes the longest prefix of ``tokens`` the grammar accepts; False when the
-        matcher broke (then made again at the consumed tokens)."""
+    def _extend(self, tokens: list[int]) -> bool:
+        """Consumes the longest prefix of ``tokens`` the grammar accepts (an id past the
+        tokenizer's is refused); True when it accepted them all. A matcher that broke is
+        made again at what it accepted."""
         usable = next((i for i, t in enumerate(tokens) if t >= self.num_ids), len(tokens))
         taken = self.matcher.try_consume_tokens(tokens[:usable]) if usable else 0
         if self.matcher.is_error():
-            return self._restart(self.consumed + tokens[:taken])
+            return self._restart(self.consumed + tokens[:taken]) and taken == len(tokens)
         self.consumed += tokens[:taken]
-        return True
+        return taken == len(tokens)
 
     def _restart(self, tokens: list[int]) -> bool:
         self.matcher = self.new_matcher(self.grammar)

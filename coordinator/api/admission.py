@@ -6,7 +6,6 @@ step, where it would take the requests batched beside it down too."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from collections.abc import Iterable
 from dataclasses import replace
@@ -111,10 +110,12 @@ def sampling_params(message, **fields) -> SamplingParams:
 
 async def compile_constraint(structured: common_pb2.StructuredOutput) -> None:
     """Compiles a request's constraint on a worker thread (llguidance can take a second on
-    a large grammar, which the event loop must not wait for); ``checked_sampling`` then
-    finds it compiled. A constraint that does not compile is left for it to refuse."""
-    with contextlib.suppress(GrammarError):
+    a large grammar, which the event loop must not wait for), so that ``checked_sampling``
+    finds it compiled; InvalidRequest naming the problem when it does not compile."""
+    try:
         await asyncio.to_thread(grammar_of, structured)
+    except GrammarError as e:
+        raise InvalidRequest(str(e)) from None
 
 
 def checked_sampling(s: SamplingParams, vocab_size: int) -> SamplingParams:
