@@ -6,9 +6,10 @@ One reproducible recipe (fixed seeds; config, package versions and timings logge
 1. Chat prompts from documentation on the machine (``draft_prompts``); a held-out set,
    from source files no training prompt comes from, is saved as ``heldout.json``
    (``{"prompts": [user turn, ...]}``, what ``coordinator.launcher.held_out_prompts`` reads).
-   Beside them, ``--chat-requests`` conversations the target writes for itself over the
-   categories people ask a chat model (``chat_requests``: self-instruct, deduplicated,
-   some two-turn, some with a system prompt), made once and cached under ``--data-dir``.
+   Beside them, ``--chat-requests`` conversations over the categories people ask a chat
+   model (``chat_requests``: composed from hand-written patterns, deduplicated, some
+   two-turn with the target's first answer, some with a system prompt), made once and
+   cached under ``--data-dir``; the teacher answers them first.
 2. Teacher data (``draft_teacher``): the target's greedy and sampled answers, with its
    top-k next-token log-probs at every prompt and answer position, generated in batches
    (the target in bfloat16; how often its argmax is the float32 runtime's is logged)
@@ -91,8 +92,9 @@ class Recipe:
     max_prompt_tokens: int = 112  # with the chat template's system turn
     # Conversations the target writes (``chat_requests``), beside the documentation prompts;
     # a two-turn one carries the target's first answer, hence the larger bound.
-    chat_requests: int = 12000
+    chat_requests: int = 8000
     max_chat_tokens: int = 320
+    chat_repeat: int = 2  # each written chat's answer this many times per epoch
     gen_batch: int = 128
     max_new_tokens: int = 96
     sampled_every: int = 4  # one answer in N is sampled, the others greedy
@@ -153,16 +155,6 @@ def chat_prompts(recipe: Recipe, teacher: Teacher, tokenizer, path: Path) -> lis
     return chats
 
 
-def interleaved(first: list, second: list, every: int) -> list:
-    """``first`` with one item of ``second`` after every ``every`` of it, the rest at the end."""
-    out, rest = [], iter(second)
-    for i, item in enumerate(first):
-        out.append(item)
-        if i % every == every - 1:
-            out += [x for x in [next(rest, None)] if x is not None]
-    return out + list(rest)
-
-
 def teacher_data(
     recipe: Recipe, teacher: Teacher, prompts: list[list[int]], path: Path
 ) -> list[TeacherSequence]:
@@ -205,13 +197,23 @@ def teacher_data(
     return [cache[tuple(p)] for p in prompts if tuple(p) in cache]
 
 
-def head_token_ids(data: list[TeacherSequence], size: int, special: list[int]) -> list[int]:
+def head_token_ids(
+    data: list[TeacherSequence],
+    size: int,
+    special: list[int],
+    keep: list[int] = (),
+    among: set[int] | None = None,
+) -> list[int]:
     """The ``size`` ids most frequent in the answers, then in the prompts, then by BPE rank
-    (a lower id is an earlier merge), always with the special tokens; sorted ascending."""
+    (a lower id is an earlier merge), always with ``keep`` and the special tokens, chosen
+    ``among`` those ids if given; sorted ascending."""
     answers = Counter(t for s in data for t in s.token_ids[s.prompt_len :])
     prompts = Counter(t for s in data for t in s.token_ids[: s.prompt_len])
-    ranked = sorted(set(answers) | set(prompts), key=lambda t: (-answers[t], -prompts[t], t))
-    chosen = list(dict.fromkeys(special + ranked))[:size]
+    seen = set(answers) | set(prompts)
+    ranked = sorted(
+        seen & among if among is not None else seen, key=lambda t: (-answers[t], -prompts[t], t)
+    )
+    chosen = list(dict.fromkeys([*keep, *special, *ranked]))[:size]
     taken = set(chosen)
     rest = (t for t in range(size * 8) if t not in taken)
     while len(chosen) < size:
@@ -249,6 +251,19 @@ def build_draft(config: dict, target: dict[str, torch.Tensor], layers: tuple[int
     model.load_state_dict(state, strict=True)
     model.model.embed_tokens.weight.requires_grad_(False)
     return model
+
+
+def resize_head(model, config: dict, target: dict[str, torch.Tensor], head_ids: list[int]):
+    """A continued draft's head over ``head_ids``: the rows of the ids it had kept, a new
+    id's row from the target's embedding (as a new head starts)."""
+    old = {t: row for row, t in enumerate(config["head_token_ids"])}
+    weight = model.lm_head.weight.data
+    rows = [
+        weight[old[t]] if t in old else target["model.embed_tokens.weight"][t] for t in head_ids
+    ]
+    model.lm_head = nn.Linear(weight.shape[1], len(head_ids), bias=False)
+    model.lm_head.weight.data = torch.stack(rows).float()
+    config["head_token_ids"] = head_ids
 
 
 def load_draft(path: Path, target: dict[str, torch.Tensor]):
@@ -460,7 +475,10 @@ def main() -> None:
     parser.add_argument("--gen-batch", type=int, default=Recipe.gen_batch)
     parser.add_argument("--num-layers", type=int, choices=sorted(LAYER_CANDIDATES),
                         default=Recipe.num_layers)  # fmt: skip
-    parser.add_argument("--head-size", type=int, default=Recipe.head_size)
+    parser.add_argument("--head-size", type=int, default=Recipe.head_size,
+                        help="ids the head scores; with --init-from, a larger size grows the "
+                        "draft's head by the answers' most frequent ids it lacks, a smaller "
+                        "one keeps its most frequent")  # fmt: skip
     parser.add_argument("--lr", type=float, default=Recipe.lr)
     parser.add_argument("--init-from", type=Path, default=None,
                         help="continue training the draft saved in this folder (its layers and "
@@ -471,7 +489,7 @@ def main() -> None:
         "--chat-requests",
         type=int,
         default=Recipe.chat_requests,
-        help="conversations the target writes for itself (self-instruct)",
+        help="chat conversations composed from hand-written patterns",
     )
     parser.add_argument("--teacher-only", action="store_true",
                         help="make (or extend) the cached teacher data, then stop")  # fmt: skip
@@ -500,7 +518,9 @@ def main() -> None:
     chats = chat_prompts(recipe, teacher, tokenizer, args.data_dir / "chat_requests.json")
     docs = encode_prompts(tokenizer, train_prompts, recipe.max_prompt_tokens)
     written = encode_prompts(tokenizer, chats, recipe.max_chat_tokens)
-    prompts = interleaved(docs, written, every=max(1, len(docs) // max(1, len(written))))
+    # The written chats first: the teacher answers them before the documentation prompts
+    # left, and the validation answers (the first ``num_val_sequences``) are chats.
+    prompts = written + docs
     timings["prompts_minutes"] = round((time.time() - t_start) / 60, 2)
     log(
         f"prompts: {len(docs)} documentation and {len(written)} written chats that fit, "
@@ -514,20 +534,32 @@ def main() -> None:
         log(f"teacher data kept in {args.data_dir}; stopping before training (--teacher-only)")
         return
     val_data, train_seqs = data[: recipe.num_val_sequences], data[recipe.num_val_sequences :]
-    runner = ModelRunner.from_pretrained(MODEL_DIR, max_model_len=256, num_pages=64)
+    chat_set = {tuple(ids) for ids in written}
+    train_chats = [s for s in train_seqs if tuple(s.token_ids[: s.prompt_len]) in chat_set]
+    train_seqs += train_chats * (recipe.chat_repeat - 1)
+    log(f"{len(train_chats)} written chats among the answers, {recipe.chat_repeat}x per epoch")
+    max_len = recipe.max_chat_tokens + recipe.max_new_tokens
+    runner = ModelRunner.from_pretrained(MODEL_DIR, max_model_len=max_len, num_pages=64)
     teacher_agreement = agreement_with_runtime(teacher, runner, val_data)
     del runner, teacher
     log(f"the bfloat16 teacher's argmax is the float32 runtime's at {teacher_agreement:.4f}")
 
     target = load_file(MODEL_DIR / "model.safetensors")
     previous = None
+    special = sorted({0, 1, 2, *tokenizer.all_special_ids})
     if args.init_from:
         config, model, layers, previous = load_draft(args.init_from, target)
         head_ids = config["head_token_ids"]
+        if recipe.head_size > len(head_ids):  # grown by the most frequent ids it lacks
+            head_ids = head_token_ids(train_seqs, recipe.head_size, special, keep=head_ids)
+        elif recipe.head_size < len(head_ids):  # trimmed to its most frequent ids
+            head_ids = head_token_ids(train_seqs, recipe.head_size, special, among={*head_ids})
+        if head_ids != config["head_token_ids"]:
+            resize_head(model, config, target, head_ids)
+            log(f"head resized to {len(head_ids)} ids")
         log(f"continuing {args.init_from}: layers {layers}, best {previous['train']['best']}")
     else:
         target_config = json.loads((MODEL_DIR / "config.json").read_text())
-        special = sorted({0, 1, 2, *tokenizer.all_special_ids})
         head_ids = head_token_ids(train_seqs, recipe.head_size, special)
         config = draft_config(target_config, head_ids, recipe.num_layers)
     head = torch.tensor(head_ids)

@@ -1,62 +1,94 @@
-"""The draft's self-instruct conversations (``scripts/chat_requests.py``), with a scripted
-writer in place of the target."""
+"""The draft's chat conversations (``scripts/chat_requests.py``), with a scripted writer in
+place of the target."""
 
 from __future__ import annotations
 
-import itertools
+import json
+import random
+import re
+import string
+from pathlib import Path
 
-from chat_requests import KINDS, build_chats, cleaned, near_copy_key
+from chat_requests import (
+    FIRST_ANSWER_TOKENS,
+    FOLLOW_UPS,
+    PATTERNS,
+    SYSTEM_PROMPTS,
+    build_chats,
+    compose_requests,
+    near_copy_key,
+    slots,
+)
+from train_draft import Recipe
+
+EVALUATION_SET = Path(__file__).resolve().parent.parent / "bench" / "prompts" / "general_chat.json"
 
 
 class ScriptedWriter:
-    """Replies in turn: a good request, an echo of the instruction, a near-copy of the
-    request before, then a fresh one; answers (temperature 0) and follow-ups as asked."""
+    """Answers every prompt greedily with a numbered answer, and records each call."""
 
     def __init__(self) -> None:
-        self.counter = itertools.count()
         self.calls: list[tuple[int, float, int]] = []
 
-    def __call__(self, instructions: list[str], temperature: float, max_tokens: int):
-        self.calls.append((len(instructions), temperature, max_tokens))
-        replies = []
-        for instruction in instructions:
-            n = next(self.counter)
-            if temperature == 0:
-                replies.append(f"Here is an answer number {n}.")
-            elif instruction.startswith("Here is a conversation"):
-                replies.append(f"Thanks! Could you say more about point {n}?")
-            else:
-                replies.append(
-                    [
-                        f'"How do I plan trip number {n} on a budget?"',
-                        "Write one message that a person might send to a chat assistant.",
-                        f"How do I plan trip number {n - 2} on a budget, please?",
-                        "x = [1, 2, 3]; print(x[5]) # ???????????",
-                    ][n % 4]
-                )
-        return replies
+    def __call__(self, prompts: list[str], temperature: float, max_tokens: int) -> list[str]:
+        self.calls.append((len(prompts), temperature, max_tokens))
+        return [f"Here is answer {i}." for i in range(len(prompts))]
+
+
+def first_user_turn(chat: list[dict[str, str]]) -> str:
+    return chat[1]["content"] if chat[0]["role"] == "system" else chat[0]["content"]
 
 
 def test_conversations_are_distinct_requests_some_two_turn_some_with_a_system_prompt():
     writer = ScriptedWriter()
     chats = build_chats(writer, seed=0, count=40, batch=16)
     assert len(chats) == 40
-    firsts = [c[1]["content"] if c[0]["role"] == "system" else c[0]["content"] for c in chats]
-    assert len({near_copy_key(f) for f in firsts}) == 40  # no near-copies
-    assert not any("chat assistant" in f or f.startswith('"') for f in firsts)
+    assert len({near_copy_key(first_user_turn(c)) for c in chats}) == 40  # no near-copies
     assert all(c[-1]["role"] == "user" for c in chats)
     for i, chat in enumerate(chats):
         roles = [m["role"] for m in chat]
         turns = ["user", "assistant", "user"] if i % 4 == 3 else ["user"]
         assert roles == (["system"] if i % 5 == 4 else []) + turns, (i, roles)
-    assert (10, 0.0, 120) in writer.calls  # the ten first answers, greedy
+        if i % 4 == 3:
+            assert chat[-2]["content"].startswith("Here is answer")
+            assert chat[-1]["content"] in FOLLOW_UPS
+        if i % 5 == 4:
+            assert chat[0]["content"] in SYSTEM_PROMPTS
+    # The ten first answers, greedy, in batches of 16 at most.
+    assert writer.calls == [(10, 0.0, FIRST_ANSWER_TOKENS)]
 
 
-def test_a_reply_must_read_like_a_message():
-    assert cleaned('  "User: What is a good name for a cat?"  ') == "What is a good name for a cat?"
-    assert cleaned("ok") is None
-    assert cleaned("Here is the topic: dogs, as a user might send it") is None
-    assert cleaned("{[(1, 2), (3, 4)]} == {[(5, 6)]} + 7 * 8 / 9") is None
-    assert cleaned("2. Why do leaves change colour in autumn?") is None  # a shown example
-    assert cleaned("How do I fix a flat tyre?\n2. And a chain?") == "How do I fix a flat tyre?"
-    assert len(KINDS) == 10
+def test_every_pattern_fills_and_every_category_is_drawn():
+    rng = random.Random(1)
+    for patterns in PATTERNS.values():
+        for pattern in patterns:
+            filled = pattern.format(**slots(rng))
+            assert "{" not in filled and "}" not in filled, pattern
+    fields = {
+        f for ps in PATTERNS.values() for p in ps for _, f, _, _ in string.Formatter().parse(p)
+    }
+    assert fields - {None} <= set(slots(rng))
+    requests = compose_requests(random.Random(0), 2000)
+    assert len(requests) == 2000
+    # Each category's patterns start in their own ways; every category shows up.
+    starts = {c: {p.split("{")[0][:12] for p in ps} for c, ps in PATTERNS.items()}
+    for category, prefixes in starts.items():
+        assert any(any(p and p in r for p in prefixes) for r in requests), category
+
+
+def words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]+", text.lower()))
+
+
+def test_no_trained_request_is_close_to_an_evaluation_prompt():
+    """The hand-written evaluation set stays unseen: no request of the recipe's conversations
+    shares 65 % of its words (Jaccard) with one of its prompts. (Patterns written from
+    memory of the evaluation set reached 1.0 before they were removed.)"""
+    evaluation = [p["content"] for p in json.loads(EVALUATION_SET.read_text())["prompts"]]
+    requests = [
+        words(r) for r in compose_requests(random.Random(Recipe.seed), Recipe.chat_requests)
+    ]
+    for prompt in evaluation:
+        ours = words(prompt)
+        closest = max(len(ours & r) / len(ours | r) for r in requests)
+        assert closest < 0.65, prompt
