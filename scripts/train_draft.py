@@ -90,8 +90,8 @@ class Recipe:
     heldout_every: int = 20  # one source file in N (by path hash) is held out
     num_heldout_prompts: int = 32
     max_prompt_tokens: int = 112  # with the chat template's system turn
-    # Conversations the target writes (``chat_requests``), beside the documentation prompts;
-    # a two-turn one carries the target's first answer, hence the larger bound.
+    # Chat conversations (``chat_requests``), beside the documentation prompts; a two-turn
+    # one carries the target's first answer, hence the larger bound.
     chat_requests: int = 8000
     max_chat_tokens: int = 320
     chat_repeat: int = 2  # each written chat's answer this many times per epoch
