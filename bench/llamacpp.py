@@ -8,8 +8,9 @@ engines read (specdec keeps its Q4_1 / Q8_0 blocks), on eight hand-written gener
 chat prompts (the first of each category of ``bench/prompts/general_chat.json``) rendered
 through the chat template: llama.cpp decode only and target-only generation at 1 and 2
 threads against specdec's runtime, target-only and speculative stack with its defaults
-(``specdec up``); llama.cpp runs no speculative row there, as the draft's
-frequency-ranked head has no GGUF form.
+(``specdec up``), and the target-only stack on every core (``specdec up --no-draft``),
+the row to hold against llama.cpp's two threads; llama.cpp runs no speculative row there,
+as the draft's frequency-ranked head has no GGUF form.
 ``--pair tiny`` (the default) is the bundled pair, as below.
 
 1. Builds llama.cpp once from the ``llama-cpp-python`` sdist on the package index (its
@@ -47,7 +48,8 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from specdec.bench import measure
+from specdec.bench import decode_rate, measure
+from specdec.client import GenerateParams, generate_concurrently
 from specdec.config import (
     GENERAL_CHAT,
     REAL_DRAFT,
@@ -302,6 +304,16 @@ def specdec_rates(
     }
 
 
+def target_only_every_core(config: StackConfig, new_tokens: int, prompts: list) -> float:
+    """``specdec up --no-draft``'s decode-phase tok/s at batch 1: the target service alone,
+    on every core."""
+    params = GenerateParams(max_tokens=new_tokens, ignore_eos=True)
+    with Stack(replace(config, no_draft=True, port=0)) as stack:
+        generate_concurrently(stack.address, prompts[:2], replace(params, max_tokens=8))
+        runs = [generate_concurrently(stack.address, [prompt], params) for prompt in prompts]
+    return decode_rate(runs)
+
+
 def tiny_stack(dtype: str, k: int) -> StackConfig:
     return StackConfig(
         target_model=str(TINY_TARGET),
@@ -393,6 +405,8 @@ def real_pair(bin_dir: Path, args: argparse.Namespace) -> None:
                 samples.setdefault(f"llamacpp_{kind}_t{threads}", []).append(rate)
         for kind, rate in specdec_rates(config, args.new_tokens, prompts).items():
             samples.setdefault(f"specdec_{kind}", []).append(rate)
+        every_core = target_only_every_core(config, args.new_tokens, prompts)
+        samples.setdefault("specdec_target_only_every_core", []).append(every_core)
     figures = {key: round(statistics.median(v), 1) for key, v in samples.items()}
     figures["greedy_tokens_agreeing"] = agreed
     if args.json:
@@ -413,6 +427,11 @@ def real_pair(bin_dir: Path, args: argparse.Namespace) -> None:
         one, two = figures[f"llamacpp_{kind}_t1"], figures[f"llamacpp_{kind}_t2"]
         print(f"{label:26} {one:>18.1f} {two:>19.1f} {figures[f'specdec_{kind}']:>8.1f}")
     print(f"{'speculative generation':26} {'-':>18} {'-':>19} {figures['specdec_spec']:>8.1f}")
+    every_core = figures["specdec_target_only_every_core"]
+    print(
+        f"specdec target-only on every core (--no-draft): {every_core:.1f} tok/s, "
+        f"{every_core / figures['llamacpp_target_only_t2']:.2f}x llama.cpp's 2 threads"
+    )
     print(
         f"specdec target-only / llama.cpp 1 thread: "
         f"{figures['specdec_target_only'] / figures['llamacpp_target_only_t1']:.2f}x; "

@@ -123,8 +123,9 @@ class StackConfig:
     target_num_threads: int = passed_to(
         ServiceConfig,
         "num_threads",
-        1,
-        "one core per model service on a CPU host, as two GPUs would keep them apart",
+        -1,
+        "below 0 = every core with --no-draft (nothing runs beside the target), else one "
+        "core per model service on a CPU host, as two GPUs would keep them apart",
     )
     draft_num_threads: int = passed_to(
         ServiceConfig, "num_threads", 1, "one core per model service on a CPU host"
@@ -174,6 +175,14 @@ class StackConfig:
         values["tokenizer"] = self.tokenizer or str(model_folder(self.target_model))
         return CoordinatorConfig(**{**values, **given})
 
+    @property
+    def resolved_target_num_threads(self) -> int:
+        """The target service's threads (0: every core): ``--target-num-threads``, or
+        below 0 every core when no draft runs beside it and one core when one does."""
+        if self.target_num_threads >= 0:
+            return self.target_num_threads
+        return 0 if self.no_draft else 1
+
     def service_config(self, service: str, model: str, port: int) -> ServiceConfig:
         """The ``service`` ("target" or "draft") serving ``model`` on ``port``."""
         target = service == "target"
@@ -193,7 +202,7 @@ class StackConfig:
             kv_cache_dtype=self.kv_cache_dtype,
             dtype=self.dtype if target else draft_dtype(model, self.draft_dtype, self.dtype),
             quantization=_SERVICE_DEFAULTS["quantization"] if target else self.draft_quantization,
-            num_threads=self.target_num_threads if target else self.draft_num_threads,
+            num_threads=self.resolved_target_num_threads if target else self.draft_num_threads,
             enable_prefix_caching=self.enable_prefix_caching,
             kv_cache_memory_bytes=parse_size(memory) if memory else None,
             num_gpu_blocks_override=pages,

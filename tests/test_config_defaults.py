@@ -58,3 +58,18 @@ def test_help_shows_every_flag_with_its_text(cls):
     parser = add_flags(argparse.ArgumentParser(prog="x"), cls)
     for action in parser._actions[1:]:
         assert action.help, f"{action.option_strings} has no help"
+
+
+@pytest.mark.parametrize(
+    ("flags", "threads"),
+    [
+        ({}, 1),  # a draft runs beside the target: a core each
+        ({"no_draft": True}, 0),  # target-only: every core
+        ({"no_draft": True, "target_num_threads": 1}, 1),  # the flag wins
+        ({"target_num_threads": 2}, 2),
+    ],
+)
+def test_the_target_service_takes_every_core_only_when_no_draft_runs_beside_it(flags, threads):
+    config = StackConfig(**flags).service_config("target", "models/target", 0)
+    assert config.num_threads == threads
+    assert StackConfig(**flags).service_config("draft", "models/draft", 0).num_threads == 1
