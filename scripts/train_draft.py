@@ -93,6 +93,9 @@ class Recipe:
     # Chat conversations (``chat_requests``), beside the documentation prompts; a two-turn
     # one carries the target's first answer, hence the larger bound.
     chat_requests: int = 8000
+    # The conversations' own seed: each continued run composes fresh ones with the next
+    # (0: the first chat run's, 1: the second's).
+    chat_seed: int = 1
     max_chat_tokens: int = 320
     chat_repeat: int = 2  # each written chat's answer this many times per epoch
     gen_batch: int = 128
@@ -147,7 +150,7 @@ def chat_prompts(recipe: Recipe, teacher: Teacher, tokenizer, path: Path) -> lis
     if path.is_file():
         return json.loads(path.read_text())
     t0 = time.time()
-    chats = build_chats(teacher_writer(teacher, tokenizer, recipe.seed), recipe.seed,
+    chats = build_chats(teacher_writer(teacher, tokenizer, recipe.chat_seed), recipe.chat_seed,
                         recipe.chat_requests, batch=recipe.gen_batch)  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(chats, indent=0, ensure_ascii=False) + "\n")
@@ -491,6 +494,8 @@ def main() -> None:
         default=Recipe.chat_requests,
         help="chat conversations composed from hand-written patterns",
     )
+    parser.add_argument("--chat-seed", type=int, default=Recipe.chat_seed,
+                        help="the conversations' seed (each its own set, kept apart)")  # fmt: skip
     parser.add_argument("--teacher-only", action="store_true",
                         help="make (or extend) the cached teacher data, then stop")  # fmt: skip
     args = parser.parse_args()
@@ -502,6 +507,7 @@ def main() -> None:
         head_size=args.head_size,
         lr=args.lr,
         chat_requests=args.chat_requests,
+        chat_seed=args.chat_seed,
     )
     torch.set_num_threads(args.threads)
     torch.manual_seed(recipe.seed)
@@ -515,7 +521,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "heldout.json").write_text(json.dumps({"prompts": heldout}, indent=1) + "\n")
     teacher = Teacher(MODEL_DIR)
-    chats = chat_prompts(recipe, teacher, tokenizer, args.data_dir / "chat_requests.json")
+    chats_file = args.data_dir / f"chat_requests_seed{recipe.chat_seed}.json"
+    chats = chat_prompts(recipe, teacher, tokenizer, chats_file)
     docs = encode_prompts(tokenizer, train_prompts, recipe.max_prompt_tokens)
     written = encode_prompts(tokenizer, chats, recipe.max_chat_tokens)
     # The written chats first: the teacher answers them before the documentation prompts
