@@ -13,11 +13,9 @@ from specdec.kernels.random_stream import RandomStream
 from specdec.kernels.sampling import logits_to_probs
 from specdec.runtime.errors import InvalidRequestError
 from specdec.runtime.logits_processing import LogitsProcessing
+from specdec.runtime.sampling_limits import MAX_LOGPROBS, MIN_SAMPLING_TEMPERATURE
 from specdec.runtime.structured_output import GrammarError, grammar_of
 from specdec.v1 import common_pb2
-
-MIN_SAMPLING_TEMPERATURE = 1e-5  # the coordinator's (coordinator/request.py), which has no torch
-MAX_LOGPROBS = 20  # top logprobs per token (OpenAI's top_logprobs limit)
 
 
 @dataclass(frozen=True)

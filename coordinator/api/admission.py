@@ -12,13 +12,13 @@ from dataclasses import replace
 
 from specdec.coordinator.engine.core import ModelLimits
 from specdec.coordinator.engine.errors import InvalidRequest
-from specdec.coordinator.engine.request import MIN_SAMPLING_TEMPERATURE, Request, SamplingParams
+from specdec.coordinator.engine.request import Request, SamplingParams
+from specdec.runtime.sampling_limits import MAX_LOGPROBS, MIN_SAMPLING_TEMPERATURE
 from specdec.runtime.structured_output import GrammarError, grammar_of
 from specdec.v1 import common_pb2
 
 MAX_SEED = 2**64 - 1  # the services' seed is a uint64 (common.proto)
 MAX_REQUEST_ID_CHARS = 256
-MAX_LOGPROBS = 20  # top logprobs per token (OpenAI's top_logprobs limit; runtime/sampling.py)
 
 
 def checked_request(

@@ -27,7 +27,6 @@ import grpc
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
 
 from specdec.coordinator.api.admission import (
-    MAX_LOGPROBS,
     checked_request,
     compile_constraint,
     sampling_params,
@@ -44,6 +43,7 @@ from specdec.coordinator.api.vllm_outputs import (
 from specdec.coordinator.engine.core import Engine
 from specdec.coordinator.engine.errors import InvalidRequest, SpecDecError
 from specdec.coordinator.engine.request import Request
+from specdec.runtime.sampling_limits import MAX_LOGPROBS
 from specdec.v1 import common_pb2 as common
 
 SERVICE_NAME = vllm_engine_pb2.DESCRIPTOR.services_by_name["VllmEngine"].full_name

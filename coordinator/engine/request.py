@@ -10,10 +10,6 @@ from specdec.coordinator.engine.features import FeatureLog
 from specdec.coordinator.engine.stats import SpecStats
 from specdec.v1 import common_pb2
 
-# Below this a temperature is greedy (vLLM's _SAMPLING_EPS): dividing float32 logits by
-# 1e-38 overflows to inf. The model services apply the same rule (runtime/sampling.py).
-MIN_SAMPLING_TEMPERATURE = 1e-5
-
 
 @dataclass(frozen=True)
 class SamplingParams:

@@ -14,7 +14,8 @@ import torch
 from specdec.kernels.sampling import logits_to_probs, token_logprobs
 from specdec.runtime.errors import InvalidRequestError
 from specdec.runtime.logits_processing import LogitsProcessing
-from specdec.runtime.sampling import MAX_LOGPROBS, Sampling
+from specdec.runtime.sampling import Sampling
+from specdec.runtime.sampling_limits import MAX_LOGPROBS
 from specdec.v1 import common_pb2
 
 VOCAB, ROWS, NUM_PROMPT = 50, 4, 10
