@@ -447,14 +447,17 @@ def train(model, train_data: Batches, val_batches, head_ids, recipe: Recipe) -> 
 
 
 def save_draft(model, config: dict, out: Path) -> None:
-    """``config.json`` (head ids on one line), ``generation_config.json`` and the draft's own
-    tensors (everything but the shared embedding, bfloat16) in ``DRAFT_WEIGHTS``."""
+    """``config.json`` (the head ids and the tuned settings each on one line),
+    ``generation_config.json`` and the draft's own tensors (everything but the shared
+    embedding, bfloat16) in ``DRAFT_WEIGHTS``."""
     out.mkdir(parents=True, exist_ok=True)
     # Settings measured for the draft this one replaces stay until they are measured again.
     tuned = tuned_speculation(out)
     config = {**config, **({SPECULATORS_CONFIG: tuned} if tuned else {})}
-    text = json.dumps({**config, "head_token_ids": "@IDS@"}, indent=2)
-    text = text.replace('"@IDS@"', json.dumps(config["head_token_ids"]))
+    one_line = [key for key in ("head_token_ids", SPECULATORS_CONFIG) if key in config]
+    text = json.dumps({**config, **{key: f"@{key}@" for key in one_line}}, indent=2)
+    for key in one_line:
+        text = text.replace(f'"@{key}@"', json.dumps(config[key]))
     (out / "config.json").write_text(text + "\n")
     gen = json.loads((MODEL_DIR / "generation_config.json").read_text())
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
