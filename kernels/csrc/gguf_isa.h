@@ -1,7 +1,8 @@
 /* The GGUF kernels for one instruction set: gguf_ops.c includes this file once per ISA,
  * under its `#pragma GCC target`, with ISA(name) naming that copy's functions and TILE the
  * input rows a pass over a dequantised output row (as many as the ISA's registers hold the
- * sums of). Lane for lane the copies compute the same values (see gguf_ops.c). */
+ * sums of), QUAD_OUTS whether they hold four output rows' sums at QUAD_ROWS input rows.
+ * Lane for lane the copies compute the same values (see gguf_ops.c). */
 
 static inline __attribute__((always_inline)) vf ISA(load_vf)(const float *p) {
     vf v;
@@ -20,23 +21,47 @@ static inline __attribute__((always_inline)) float ISA(scale)(const uint8_t *p) 
 #endif
 }
 
-/* A float16 scale in every lane: one broadcast and one vcvtph2ps where the ISA has F16C
- * (a scalar conversion and a broadcast cost twice the instructions, per block). */
-static inline __attribute__((always_inline)) vf ISA(splat_scale)(const uint8_t *p) {
-    uint16_t bits;
-    memcpy(&bits, p, 2);
-    vf v;
+/* A float in every lane: a broadcast load, which takes no vector port. */
+static inline __attribute__((always_inline)) vf ISA(splat)(float v) {
+    return (vf){0} + v;
+}
+
+/* The float16 scales of blocks [first, end) of a Q8_0, Q4_0 or Q4_1 row widened into
+ * out[scales_per_block(type) * (i - first) + j], before the pass over those blocks, where
+ * converting each in the pass took a broadcast and a conversion on the vector ports the
+ * dequantisation needs. On AVX-512 one gather reads 16 blocks' scales and vcvtph2ps widens
+ * them (copying them out first stalled the wide load on the narrow stores); elsewhere one
+ * at a time. The same float16 -> float32 values either way. */
+static inline __attribute__((always_inline)) void ISA(block_scales)(int type, const uint8_t *restrict row,
+                                                                int64_t first, int64_t end,
+                                                                float *restrict out) {
+    const int64_t bytes = type == GGML_Q8_0 ? 34 : type == GGML_Q4_0 ? 18 : 20;
+    const int per_block = scales_per_block(type);
 #if defined(__AVX512F__)
-    v = (vf)_mm512_cvtph_ps(_mm256_set1_epi16((short)bits));
-#elif defined(__F16C__)
-    const __m256 half = _mm256_cvtph_ps(_mm_set1_epi16((short)bits));
-    const __m256 halves[2] = {half, half};
-    memcpy(&v, halves, sizeof v);
+    const __m512i offsets = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32((int)bytes));
+    for (int64_t i = first; i < end; i += 16) {
+        const __mmask16 live = end - i >= 16 ? 0xffff : (__mmask16)((1u << (end - i)) - 1);
+        /* Each lane: the block's first four bytes, d (and m for Q4_1) as float16. */
+        const __m512i words = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, offsets,
+                                                          row + i * bytes, 1);
+        float *o = out + per_block * (i - first);
+        if (per_block == 2) {
+            const __m512 low = _mm512_cvtph_ps(_mm512_castsi512_si256(words));
+            const __m512 high = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(words, 1));
+            memcpy(o, &low, sizeof low);
+            memcpy(o + 16, &high, sizeof high);
+        } else {
+            const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
+            memcpy(o, &d, sizeof d);
+        }
+    }
 #else
-    const float d = f16_to_f32(p);
-    for (int j = 0; j < 16; ++j) v[j] = d;
+    for (int64_t i = first; i < end; ++i)
+        for (int j = 0; j < per_block; ++j)
+            out[per_block * (i - first) + j] = ISA(scale)(row + i * bytes + 2 * j);
 #endif
-    return v;
 }
 
 /* 16 bytes widened to int32 lanes, as unsigned or (`is_signed`, a constant) signed
@@ -65,20 +90,22 @@ static inline __attribute__((always_inline)) vf ISA(to_vf)(vi q) {
     return __builtin_convertvector(q, vf);
 }
 
-/* Values [32 i, 32 i + 32) of an output row of `type` in two halves w[0], w[1]. */
+/* Values [32 i, 32 i + 32) of an output row of `type` in two halves w[0], w[1]; a Q8_0,
+ * Q4_0 or Q4_1 block's scales (d, and m for Q4_1) come widened in `scales` (block_scales). */
 static inline __attribute__((always_inline)) void ISA(dequant32)(int type, const uint8_t *restrict row,
-                                                             int64_t i, vf w[2]) {
+                                                             int64_t i, const float *scales,
+                                                             vf w[2]) {
     w[0] = w[1] = (vf){0};
     switch (type) {
     case GGML_Q8_0: {
         const uint8_t *b = row + i * 34;
-        const vf d = ISA(splat_scale)(b);
+        const vf d = ISA(splat)(scales[0]);
         for (int h = 0; h < 2; ++h) w[h] = d * ISA(to_vf)(ISA(widen_bytes)(b + 2 + 16 * h, 1));
         break;
     }
     case GGML_Q4_0: {
         const uint8_t *b = row + i * 18;
-        const vf d = ISA(splat_scale)(b);
+        const vf d = ISA(splat)(scales[0]);
         const vi q = ISA(widen_bytes)(b + 2, 0);
         w[0] = d * ISA(to_vf)((q & 15) - 8);
         w[1] = d * ISA(to_vf)((q >> 4) - 8);
@@ -86,7 +113,7 @@ static inline __attribute__((always_inline)) void ISA(dequant32)(int type, const
     }
     case GGML_Q4_1: {
         const uint8_t *b = row + i * 20;
-        const vf d = ISA(splat_scale)(b), m = ISA(splat_scale)(b + 2);
+        const vf d = ISA(splat)(scales[0]), m = ISA(splat)(scales[1]);
         const vi q = ISA(widen_bytes)(b + 4, 0);
 #if defined(__AVX512F__)
         /* The block's 16 possible values d q + m, then each nibble picks its own (vpermps):
@@ -152,9 +179,13 @@ static inline __attribute__((always_inline)) void ISA(dequant_row)(int type, con
         ISA(widen_row)(type, row, K, out);
         return;
     }
-    for (int64_t i = 0; i < K / 32; ++i) {
+    const int64_t blocks = K / 32;
+    float scales[SCALES_PER_BLOCK * SCALE_BLOCKS];
+    for (int64_t i = 0; i < blocks; ++i) {
+        if (i % SCALE_BLOCKS == 0 && has_block_scales(type))
+            ISA(block_scales)(type, row, i, i + SCALE_BLOCKS < blocks ? i + SCALE_BLOCKS : blocks, scales);
         vf w[2];
-        ISA(dequant32)(type, row, i, w);
+        ISA(dequant32)(type, row, i, scales + scales_per_block(type) * (i % SCALE_BLOCKS), w);
         memcpy(out + 32 * i, w, sizeof w);
     }
 }
@@ -173,9 +204,9 @@ static inline __attribute__((always_inline)) float ISA(lanes_sum)(vf low, vf hig
     return (t4[0] + t4[2]) + (t4[1] + t4[3]);
 }
 
-/* sums[o][m] = x[m] . w_o for the `outs` output rows (1, or 2 of a quantized type, the
- * second `stride` bytes after the first: two sets of independent sums keep the FMA units
- * busy at one or two input rows), over the row 32 values at a time. Lane l sums the
+/* sums[o][m] = x[m] . w_o for the `outs` output rows (1, or 2 or 4 of a quantized type,
+ * each `stride` bytes after the one before: independent sets of sums keep the FMA units
+ * busy at a few input rows), over the row 32 values at a time. Lane l sums the
  * products at k = l (mod 32) in increasing k, whatever `rows` and `outs` are; they are
  * constants where this is inlined, so the lanes stay in registers. Float rows are widened
  * into `wide` first (their width need not be a multiple of 32: the tail joins the lanes
@@ -183,30 +214,38 @@ static inline __attribute__((always_inline)) float ISA(lanes_sum)(vf low, vf hig
 static inline __attribute__((always_inline)) void ISA(dot_rows)(
     int rows, int outs, int type, const uint8_t *restrict row, int64_t stride,
     const float *restrict x, int64_t ldx, int K, float *restrict wide,
-    float sums[2][TILE_ROWS]) {
-    vf acc[2][TILE_ROWS][2];
+    float sums[MAX_OUTS][TILE_ROWS]) {
+    vf acc[MAX_OUTS][TILE_ROWS][2];
     for (int o = 0; o < outs; ++o)
         for (int m = 0; m < rows; ++m) acc[o][m][0] = acc[o][m][1] = (vf){0};
     const int64_t blocks = K / 32;
     const int64_t block_bytes = blocks ? stride / blocks : 0; /* bytes of 32 values */
     const int floats = is_float_type(type);
     if (floats) ISA(widen_row)(type, row, K, wide);
-    for (int64_t i = 0; i < blocks; ++i) {
-        /* The rows PREFETCH_PASSES passes ahead, as far along as this one is in its own: the
-         * hardware prefetcher alone left the rows' first lines to miss. */
-        for (int ahead = PREFETCH_PASSES * outs; ahead < (PREFETCH_PASSES + 1) * outs; ++ahead)
-            __builtin_prefetch(row + ahead * stride + i * block_bytes);
-        for (int o = 0; o < outs; ++o) {
-            vf w[2];
-            if (floats) {
-                w[0] = ISA(load_vf)(wide + 32 * i);
-                w[1] = ISA(load_vf)(wide + 32 * i + 16);
-            } else {
-                ISA(dequant32)(type, row + o * stride, i, w);
-            }
-            for (int m = 0; m < rows; ++m) {
-                acc[o][m][0] += ISA(load_vf)(x + m * ldx + 32 * i) * w[0];
-                acc[o][m][1] += ISA(load_vf)(x + m * ldx + 32 * i + 16) * w[1];
+    const int scaled = has_block_scales(type);
+    float scales[MAX_OUTS][SCALES_PER_BLOCK * SCALE_BLOCKS];
+    for (int64_t first = 0; first < blocks; first += SCALE_BLOCKS) {
+        const int64_t end = first + SCALE_BLOCKS < blocks ? first + SCALE_BLOCKS : blocks;
+        if (scaled)
+            for (int o = 0; o < outs; ++o) ISA(block_scales)(type, row + o * stride, first, end, scales[o]);
+        for (int64_t i = first; i < end; ++i) {
+            /* The rows PREFETCH_PASSES passes ahead, as far along as this one is in its own:
+             * the hardware prefetcher alone left the rows' first lines to miss. */
+            for (int ahead = PREFETCH_PASSES * outs; ahead < (PREFETCH_PASSES + 1) * outs; ++ahead)
+                __builtin_prefetch(row + ahead * stride + i * block_bytes);
+            for (int o = 0; o < outs; ++o) {
+                vf w[2];
+                if (floats) {
+                    w[0] = ISA(load_vf)(wide + 32 * i);
+                    w[1] = ISA(load_vf)(wide + 32 * i + 16);
+                } else {
+                    ISA(dequant32)(type, row + o * stride, i,
+                                   scales[o] + scales_per_block(type) * (i - first), w);
+                }
+                for (int m = 0; m < rows; ++m) {
+                    acc[o][m][0] += ISA(load_vf)(x + m * ldx + 32 * i) * w[0];
+                    acc[o][m][1] += ISA(load_vf)(x + m * ldx + 32 * i + 16) * w[1];
+                }
             }
         }
     }
@@ -225,7 +264,12 @@ static inline __attribute__((always_inline)) void ISA(dot_rows)(
 
 #define DOT(R, O, TYPE) ISA(dot_rows)(R, O, TYPE, row, stride, x, ldx, K, wide, sums)
 #define DOT_ROWS(TYPE)                                                                           \
-    if (outs == 2) {                                                                             \
+    if (outs == 4) {                                                                             \
+        if (rows == 2)                                                                           \
+            DOT(2, 4, TYPE);                                                                     \
+        else                                                                                     \
+            DOT(1, 4, TYPE);                                                                     \
+    } else if (outs == 2) {                                                                      \
         switch (rows) {                                                                          \
         case 4: DOT(4, 2, TYPE); break;                                                          \
         case 3: DOT(3, 2, TYPE); break;                                                          \
@@ -246,13 +290,14 @@ static inline __attribute__((always_inline)) void ISA(dot_rows)(
     }
 
 /* Output rows [first, end), each dotted with every input row, `tile` input rows a pass
- * (two output rows a pass where at most PAIR_ROWS input rows come). */
+ * (four output rows a pass where at most QUAD_ROWS input rows come and the ISA holds
+ * their sums, QUAD_OUTS; two where at most PAIR_ROWS come). */
 static inline __attribute__((always_inline)) void ISA(gguf_rows)(const struct gguf_linear_args *a,
                                                                  int64_t first, int64_t end,
                                                                  float *restrict wide,
                                                                  const int tile) {
     const int K = a->K;
-    float sums[2][TILE_ROWS];
+    float sums[MAX_OUTS][TILE_ROWS];
     int part = 0;
     int64_t part_start = 0;
     for (int64_t n = first; n < end;) {
@@ -261,11 +306,12 @@ static inline __attribute__((always_inline)) void ISA(gguf_rows)(const struct gg
         const int type = p->type;
         const int64_t stride = row_bytes(type, K);
         const uint8_t *row = p->data + (n - part_start) * stride;
-        const int outs = a->M <= PAIR_ROWS && !is_float_type(type) && n + 1 < end &&
-                                 n + 1 < part_start + p->rows
-                             ? 2
-                             : 1;
-        const int row_tile = outs == 2 ? PAIR_ROWS : tile;
+        const int64_t left = (end < part_start + p->rows ? end : part_start + p->rows) - n;
+        const int outs = is_float_type(type) || a->M > PAIR_ROWS       ? 1
+                         : QUAD_OUTS && a->M <= QUAD_ROWS && left >= 4 ? 4
+                         : left >= 2                                   ? 2
+                                                                       : 1;
+        const int row_tile = outs == 4 ? QUAD_ROWS : outs == 2 ? PAIR_ROWS : tile;
         for (int64_t m0 = 0; m0 < a->M; m0 += row_tile) {
             const int rows = a->M - m0 < row_tile ? (int)(a->M - m0) : row_tile;
             const float *x = a->x + m0 * a->ldx;

@@ -102,6 +102,23 @@ def test_linear_matches_dequantize_and_float64_matmul(ggml_type, isa):
         assert_close_to_float64(gguf_ops.linear(x, weight), x, w)
 
 
+@pytest.mark.parametrize(
+    "ggml_type", [GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1], ids=lambda t: t.name
+)
+def test_rows_longer_than_one_pass_of_block_scales(ggml_type, isa):
+    """83 blocks a row: the kernels widen 64 blocks' scales ahead of a pass, 16 a gather,
+    so this row crosses a pass and ends in a partial gather."""
+    cols = 83 * 32
+    part = random_part(ggml_type, 5, cols, seed=7)
+    weight = GGUFWeight(cols, [part])
+    w = reference(part)
+    np.testing.assert_array_equal(weight.rows(torch.tensor([4, 1])).double().numpy(), w[[4, 1]])
+    torch.manual_seed(2)
+    for m in (1, 2, 5, 9):
+        x = torch.randn(m, cols)
+        assert_close_to_float64(gguf_ops.linear(x, weight), x, w)
+
+
 @pytest.mark.parametrize("cols", [1, 40, 100])
 def test_float_rows_of_any_width(cols, isa):
     part = random_part(GGMLType.F16, 5, cols, seed=3)
