@@ -264,7 +264,7 @@ static inline __attribute__((always_inline)) void ISA(dot_rows)(
 
 #define DOT(R, O, TYPE) ISA(dot_rows)(R, O, TYPE, row, stride, x, ldx, K, wide, sums)
 #define DOT_ROWS(TYPE)                                                                           \
-    if (outs == 4) {                                                                             \
+    if (QUAD_OUTS && outs == 4) { /* compiled only where the ISA takes four */                   \
         if (rows == 2)                                                                           \
             DOT(2, 4, TYPE);                                                                     \
         else                                                                                     \
