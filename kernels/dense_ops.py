@@ -44,6 +44,11 @@ def set_num_threads(num_threads: int) -> int:
     return load_library().specdec_set_num_threads(num_threads)
 
 
+def num_threads() -> int:
+    """Threads the linears split over now (1 where the kernels do not build)."""
+    return load_library().specdec_num_threads() if library_loads() else 1
+
+
 def available(x: torch.Tensor) -> bool:
     """True when ``x`` is float32 on the CPU and the kernels are built."""
     return x.dtype == torch.float32 and x.device.type == "cpu" and library_loads()

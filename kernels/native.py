@@ -67,12 +67,14 @@ SIGNATURES: dict[str, list[type]] = {
     "specdec_decoder_layers": [_P, _I32, _P, _P, _P],
     "specdec_greedy_decode": [_P, _I32, *[_P] * 7],
     "specdec_set_num_threads": [_I32],
+    "specdec_num_threads": [],
 }
 RETURNS_STATUS = {
     "specdec_paged_attention",
     "specdec_decoder_layers",
     "specdec_greedy_decode",
     "specdec_set_num_threads",
+    "specdec_num_threads",
     "specdec_gguf_set_isa",
 }
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -45,6 +46,25 @@ class ModelExecutor:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+@contextlib.contextmanager
+def at_most_threads(limit: int) -> Iterator[None]:
+    """The model work inside uses at most ``limit`` threads, the C kernels' and torch's
+    (0: all the service has), restored after; on the executor's thread. Torch's count
+    matters too: its OpenMP workers spin a while after each parallel region, on the cores
+    a draft beside the service computes on."""
+    current = dense_ops.num_threads()
+    if not 0 < limit < current:
+        yield
+        return
+    dense_ops.set_num_threads(limit)
+    torch.set_num_threads(limit)
+    try:
+        yield
+    finally:
+        dense_ops.set_num_threads(current)
+        torch.set_num_threads(current)
 
 
 def load_runner(config: ServiceConfig) -> ModelRunner:

@@ -5,6 +5,7 @@ to (one default per knob), from which the launcher writes their command lines.""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import Field, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,7 @@ class StackConfig:
     max_queue_len: int = passed_to(CoordinatorConfig, "max_queue_len")
     num_scheduler_steps: int = passed_to(CoordinatorConfig, "num_scheduler_steps")
     pipeline: str = passed_to(CoordinatorConfig, "pipeline")
+    speculative_gate: str = passed_to(CoordinatorConfig, "speculative_gate")
     pipeline_branches: int = passed_to(CoordinatorConfig, "pipeline_branches")
     draft_p_min: float = passed_to(
         CoordinatorConfig,
@@ -124,8 +126,8 @@ class StackConfig:
         ServiceConfig,
         "num_threads",
         -1,
-        "below 0 = every core with --no-draft (nothing runs beside the target), else one "
-        "core per model service on a CPU host, as two GPUs would keep them apart",
+        "below 0 = every core, of which a step in which the draft computes leaves it "
+        "--draft-num-threads (the coordinator's --target-threads-beside-draft)",
     )
     draft_num_threads: int = passed_to(
         ServiceConfig, "num_threads", 1, "one core per model service on a CPU host"
@@ -173,15 +175,23 @@ class StackConfig:
             if f.metadata.get("passed_to", (None,))[0] is CoordinatorConfig
         }
         values["tokenizer"] = self.tokenizer or str(model_folder(self.target_model))
+        values["target_threads_beside_draft"] = self.target_threads_beside_draft
         return CoordinatorConfig(**{**values, **given})
 
     @property
     def resolved_target_num_threads(self) -> int:
         """The target service's threads (0: every core): ``--target-num-threads``, or
-        below 0 every core when no draft runs beside it and one core when one does."""
-        if self.target_num_threads >= 0:
-            return self.target_num_threads
-        return 0 if self.no_draft else 1
+        below 0 every core."""
+        return max(self.target_num_threads, 0)
+
+    @property
+    def target_threads_beside_draft(self) -> int:
+        """The target's threads in a step in which the draft computes on the same host
+        (0: all): with ``--target-num-threads`` below 0, the cores the draft's threads
+        leave it, at least one; else all it was given (the flag says what it may use)."""
+        if self.target_num_threads >= 0 or self.no_draft:
+            return 0
+        return max((os.cpu_count() or 1) - self.draft_num_threads, 1)
 
     def service_config(self, service: str, model: str, port: int) -> ServiceConfig:
         """The ``service`` ("target" or "draft") serving ``model`` on ``port``."""

@@ -8,6 +8,7 @@ import grpc
 import torch
 
 from specdec.kernels.sampling import SparseProbs, TokenLogprobs
+from specdec.model_service.executor import at_most_threads
 from specdec.model_service.proto import features_to_bytes, model_info
 from specdec.model_service.servicer import ModelServicer
 from specdec.model_service.status import status_code_for
@@ -137,9 +138,10 @@ class TargetServicer(ModelServicer, target_pb2_grpc.TargetServiceServicer):
             [e for e in request.decode if e.request_id in mine], entry_from_proto, failed
         )
         burst = (owner, request.step_id)
-        results = self.model.verify(
-            prefill, decode, failed, request.num_steps, burst, request.return_features
-        )
+        with at_most_threads(request.num_threads):
+            results = self.model.verify(
+                prefill, decode, failed, request.num_steps, burst, request.return_features
+            )
         return target_pb2.VerifyResponse(
             results=[result_to_proto(r) for r in results],
             num_free_pages=self.model.runner.num_free_pages,

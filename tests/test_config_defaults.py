@@ -5,6 +5,7 @@ the command lines the launcher writes parse back to the configs it built."""
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import fields
 
 import pytest
@@ -61,15 +62,21 @@ def test_help_shows_every_flag_with_its_text(cls):
 
 
 @pytest.mark.parametrize(
-    ("flags", "threads"),
+    ("flags", "threads", "beside_draft"),
     [
-        ({}, 1),  # a draft runs beside the target: a core each
-        ({"no_draft": True}, 0),  # target-only: every core
-        ({"no_draft": True, "target_num_threads": 1}, 1),  # the flag wins
-        ({"target_num_threads": 2}, 2),
+        ({}, 0, max((os.cpu_count() or 1) - 1, 1)),  # every core; the draft's one apart
+        ({"draft_num_threads": 3}, 0, max((os.cpu_count() or 1) - 3, 1)),
+        ({"no_draft": True}, 0, 0),  # target-only: every core, always
+        ({"no_draft": True, "target_num_threads": 1}, 1, 0),  # the flag wins
+        ({"target_num_threads": 2}, 2, 0),
     ],
 )
-def test_the_target_service_takes_every_core_only_when_no_draft_runs_beside_it(flags, threads):
-    config = StackConfig(**flags).service_config("target", "models/target", 0)
-    assert config.num_threads == threads
-    assert StackConfig(**flags).service_config("draft", "models/draft", 0).num_threads == 1
+def test_the_target_service_leaves_the_draft_its_cores_only_while_it_computes(
+    flags, threads, beside_draft
+):
+    stack = StackConfig(**flags)
+    assert stack.service_config("target", "models/target", 0).num_threads == threads
+    coordinator = stack.coordinator_config(draft_p_min=0.0)  # as the launcher resolves it
+    assert coordinator.target_threads_beside_draft == beside_draft
+    draft_threads = flags.get("draft_num_threads", 1)
+    assert stack.service_config("draft", "models/draft", 0).num_threads == draft_threads

@@ -194,6 +194,22 @@ class CoordinatorConfig:
             "(all accepted, first proposal rejected, ...); 1 = all accepted only"
         ),
     )
+    speculative_gate: str = field(
+        default="goodput",
+        metadata={
+            "choices": ("goodput", "off"),
+            "help": "goodput: a request proposes only while its measured speculative rate "
+            "beats plain decoding at the batch size, probing again after 32 plain tokens "
+            "(doubling to 512 while probes lose); off: every step at the configured K",
+        },
+    )
+    target_threads_beside_draft: int = field(
+        default=0,
+        metadata=_help(
+            "a draft sharing the target's cores: the target's threads for a step in which the "
+            "draft computes (all of them in steps where it does not); 0 = always all"
+        ),
+    )
     draft_p_min: float = field(
         default=0.0,
         metadata=_help(
@@ -256,6 +272,14 @@ class CoordinatorConfig:
             raise ValueError("num_scheduler_steps must be >= 1")
         if self.pipeline not in ("off", "auto"):
             raise ValueError(f'pipeline must be "off" or "auto", not {self.pipeline!r}')
+        if self.speculative_gate not in ("goodput", "off"):
+            raise ValueError(
+                f'speculative_gate must be "goodput" or "off", not {self.speculative_gate!r}'
+            )
+        if self.target_threads_beside_draft < 0:
+            raise ValueError(
+                f"target_threads_beside_draft must be >= 0, got {self.target_threads_beside_draft}"
+            )
         if self.pipeline_branches < 1:
             raise ValueError(f"pipeline_branches must be >= 1, got {self.pipeline_branches}")
         if not 0.0 <= self.draft_p_min < 1.0:

@@ -41,6 +41,7 @@ from specdec.coordinator.engine.metrics import Metrics
 from specdec.coordinator.engine.releases import Releases
 from specdec.coordinator.engine.request import Request, RequestOutput, RequestStatus
 from specdec.coordinator.engine.scheduler import Scheduler, StepPlan
+from specdec.coordinator.engine.speculation_gate import SpeculationGate
 from specdec.coordinator.engine.stats import SpecStats
 from specdec.telemetry.tracing import grpc_metadata
 from specdec.v1 import common_pb2, target_pb2
@@ -100,6 +101,7 @@ class Engine(DraftSteps, Releases):
             num_scheduler_steps=config.num_scheduler_steps,
             target_pool=copy.copy(limits.target_kv),
             draft_pool=copy.copy(limits.draft_kv) if draft is not None else None,
+            gate=SpeculationGate() if draft and config.speculative_gate == "goodput" else None,
         )
         self._pools_checked = 0.0  # when the pools were last asked for their free pages
         self._burst: int | None = None  # the multi-step burst the target runs now (step id)
@@ -266,20 +268,46 @@ class Engine(DraftSteps, Releases):
             span.set_attribute("specdec.num_prefill_chunks", len(plan.prefills))
             span.set_attribute("specdec.num_ingest_plans", len(plan.ingest))
             metadata = grpc_metadata()
+            start = time.monotonic()
             if plan.propose:
                 proposals, results = await self._propose_and_verify(plan, metadata)
             else:
                 # Nothing to propose (K = 0): the draft only ingests, which the target does
                 # not wait for, so both run at once and K = 0 costs no draft latency.
                 proposals = {}
+                beside_draft = any(p.eager for p in plan.ingest)
                 _, results = await asyncio.gather(
                     self._draft_step(plan, metadata, plan.ingest, []),
-                    self._verify(plan, proposals, metadata),
+                    self._verify(plan, proposals, metadata, beside_draft),
                 )
             span.set_attribute("specdec.num_proposed", sum(len(p) for p in proposals.values()))
             if results is not None:
                 span.set_attribute("specdec.accepted", self._commit(plan, proposals, results))
+                self._observe_gate(plan, results, time.monotonic() - start)
         return True
+
+    def _observe_gate(
+        self, plan: StepPlan, results: dict[str, target_pb2.VerifyResult], seconds: float
+    ) -> None:
+        """Tells the speculation gate what the step's decodes committed and, where the step
+        says what a step of its kind costs (no prefill chunk, no draft catching up on a log
+        it ingested lazily), how long it took."""
+        gate = self.scheduler.gate
+        if gate is None:
+            return
+        speculative, plain = [], []
+        for entry in plan.decodes:
+            result = results.get(entry.request.request_id)
+            if result is not None and not result.error_code:
+                kind = speculative if entry.k else plain
+                kind.append((entry.request.gate, len(result.token_ids)))
+        catch_up = any(p.eager and len(p.token_ids) > plan.k + 1 for p in plan.ingest)
+        timed = None if plan.prefills or catch_up else seconds
+        if speculative:
+            gate.observe_speculative(speculative, plan.batch_size, timed)
+            gate.observe_plain(plain, plan.batch_size, None)
+        else:
+            gate.observe_plain(plain, plan.batch_size, timed)
 
     # ---- target ----------------------------------------------------------------------
 
@@ -288,10 +316,15 @@ class Engine(DraftSteps, Releases):
         plan: StepPlan,
         proposals: Proposals,
         metadata: tuple[tuple[str, str], ...],
+        beside_draft: bool,
     ) -> dict[str, target_pb2.VerifyResult] | None:
+        """``beside_draft``: the draft computes while the target verifies, so the target
+        keeps off the cores it uses (--target-threads-beside-draft)."""
         message = verify_request(
             plan, proposals, self.limits.eos_token_ids, self.limits.feature_row_bytes > 0
         )
+        if beside_draft:
+            message.num_threads = self.config.target_threads_beside_draft
         if plan.num_steps > 1:
             self._burst = plan.step_id  # a request arriving meanwhile ends it early
         try:

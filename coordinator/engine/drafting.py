@@ -63,16 +63,15 @@ class DraftSteps:
         features never works ahead: it would read its own guesses of them."""
         if self.config.pipeline == "off" or self.limits.feature_row_bytes:
             proposals = await self._draft_step(plan, metadata, plan.ingest, plan.propose)
-            return proposals, await self._verify(plan, proposals, metadata)
+            return proposals, await self._verify(plan, proposals, metadata, beside_draft=False)
         proposals = self._take_ahead(plan)
         fresh = [d for d in plan.propose if d.request.request_id not in proposals]
         fresh_ids = {d.request.request_id for d in fresh}
         if fresh:
             first = [p for p in plan.ingest if p.request.request_id in fresh_ids]
             proposals.update(await self._draft_step(plan, metadata, first, fresh))
-        verify = self._verify(plan, proposals, metadata)
         if not self.draft_breaker.closed:
-            return proposals, await verify
+            return proposals, await self._verify(plan, proposals, metadata, beside_draft=False)
         rest = [p for p in plan.ingest if p.request.request_id not in fresh_ids]
         # Branches at batch 1, once a verify was timed: within 80 % of its time, so work
         # ahead never holds up the step.
@@ -90,6 +89,8 @@ class DraftSteps:
         draft = self._draft_step(
             plan, metadata, rest, ahead, proposals, not fresh, branches, budget
         )
+        beside_draft = bool(ahead) or any(p.eager for p in rest)
+        verify = self._verify(plan, proposals, metadata, beside_draft)
         _, (results, seconds) = await asyncio.gather(draft, timed(verify))
         if plan.batch_size == 1 and proposals:
             last = self._verify_seconds or seconds

@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass
 
 from specdec.coordinator.engine.features import FeatureLog
+from specdec.coordinator.engine.speculation_gate import GateRecord
 from specdec.coordinator.engine.stats import SpecStats
 from specdec.v1 import common_pb2
 
@@ -119,6 +120,7 @@ class Request:
         # The draft's proposals for the next step, one per outcome of the verify it prepared.
         self.ahead: list[AheadProposal] = []
         self.accepted_all = False  # the last verify accepted every proposal (K > 0)
+        self.gate = GateRecord()  # what SpeculationGate measured of it
         self.stats = SpecStats()
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None

@@ -13,6 +13,7 @@ from specdec.coordinator.engine.config import SpeculativeConfig
 from specdec.coordinator.engine.errors import ResourceExhausted
 from specdec.coordinator.engine.kv_pool import KVPool
 from specdec.coordinator.engine.request import Request, RequestStatus
+from specdec.coordinator.engine.speculation_gate import SpeculationGate
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,10 @@ class Scheduler:
     again. A waiting request is admitted (FCFS) only when its first chunk fits with a
     watermark of pages to spare; a running prefill takes what fits.
 
+    A `gate` (SpeculationGate) holds back, each step, the requests whose speculation it
+    measured slower than plain decoding: they run K = 0 (and the draft ingests their
+    tokens lazily) as a request of a batch size with no K would.
+
     Multi-step decoding (vLLM's `--num-scheduler-steps`): when every scheduled request
     decodes at K = 0 and none waits, the plan asks the target for up to
     `num_scheduler_steps` forwards in one round trip (as many as its pages hold), each
@@ -145,8 +150,11 @@ class Scheduler:
         num_scheduler_steps: int = 1,
         target_pool: KVPool | None = None,
         draft_pool: KVPool | None = None,
+        gate: SpeculationGate | None = None,
     ) -> None:
         self.speculative = speculative
+        self.gate = gate
+        self._held_back: set[str] = set()  # request ids the gate runs at K = 0 this step
         self.num_scheduler_steps = num_scheduler_steps
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -182,6 +190,8 @@ class Scheduler:
         A step commits at most K + 1 tokens, so K + 1 must fit both before max_tokens and
         before max_model_len.
         """
+        if request.request_id in self._held_back:
+            return 0
         k = batch_k if request.k_cap is None else min(batch_k, request.k_cap)
         return max(min(k, self.room(request) - 1), 0)
 
@@ -208,6 +218,9 @@ class Scheduler:
             return None
         batch_k = self.speculative.k_for_batch_size(batch_size) if draft_available else 0
         plan = StepPlan(step_id=self._next_step_id, batch_size=batch_size, k=batch_k)
+        self._held_back = set()  # last step's, which k_for must not see here
+        if draft_available:
+            self._held_back = self._gated(batch_size)
         room = _Room(
             self.max_num_batched_tokens,
             self.target_pool.num_free if self.target_pool else None,
@@ -242,6 +255,21 @@ class Scheduler:
         self._spend(room)
         self._next_step_id += 1
         return plan
+
+    def _gated(self, batch_size: int) -> set[str]:
+        """The running decodes the gate holds back this step (asked once each). A seeded
+        sampled request keeps its fixed K: its tokens depend on which positions are
+        drafted."""
+        batch_k = self.speculative.k_for_batch_size(batch_size)
+        if self.gate is None or not batch_k:
+            return set()
+        return {
+            r.request_id
+            for r in self.running
+            if not r.is_prefilling
+            and (r.sampling.seed is None or r.sampling.greedy)
+            and not self.gate.allows(r.gate, batch_size, self.k_for(r, batch_k))
+        }
 
     # ---- planning ----------------------------------------------------------------------
 

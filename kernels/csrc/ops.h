@@ -10,6 +10,7 @@
 typedef void (*specdec_task)(void *ctx, int64_t begin, int64_t end);
 void specdec_parallel_for(int64_t n, specdec_task task, void *ctx);
 int specdec_set_num_threads(int n);
+int specdec_num_threads(void);
 float *specdec_scratch(size_t floats);
 
 void specdec_rms_norm(const float *x, int64_t x_stride, const float *weight, float eps,

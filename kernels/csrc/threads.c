@@ -92,6 +92,9 @@ int specdec_set_num_threads(int n) {
     return atomic_load(&num_threads);
 }
 
+/* Threads the regions after this call use (the count specdec_set_num_threads put in effect). */
+int specdec_num_threads(void) { return atomic_load(&num_threads); }
+
 void specdec_parallel_for(int64_t n, specdec_task task, void *ctx) {
     const int threads = atomic_load(&num_threads);
     if (threads <= 1 || n < 2) {

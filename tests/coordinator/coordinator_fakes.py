@@ -9,6 +9,7 @@ start positions like the real services and record every call.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import grpc
 
@@ -74,7 +75,11 @@ class FakePool:
 
 
 class FakeTarget:
-    def __init__(self, delay: float = 0.0, pool: FakePool | None = None) -> None:
+    def __init__(
+        self,
+        delay: float | Callable[[target_pb2.VerifyRequest], float] = 0.0,
+        pool: FakePool | None = None,
+    ) -> None:
         self.pool = pool
         self.held: dict[str, int] = {}
         self.requests: list[target_pb2.VerifyRequest] = []
@@ -95,9 +100,10 @@ class FakeTarget:
     async def Verify(self, request, timeout=None, metadata=None):
         self.requests.append(request)
         self.metadata.append(dict(metadata or ()))
-        if self.delay:
+        delay = self.delay(request) if callable(self.delay) else self.delay
+        if delay:
             async with self.model_thread:
-                await asyncio.sleep(self.delay)
+                await asyncio.sleep(delay)
         if self.errors:
             raise self.errors.pop(0)
         if self.pool is not None:

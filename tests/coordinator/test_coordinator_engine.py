@@ -28,6 +28,8 @@ from specdec.coordinator.engine.stats import SpecStats
 def make_engine(draft: FakeDraft, target: FakeTarget, **config) -> Engine:
     config.setdefault("speculative_config", '{"num_speculative_tokens": 3}')
     config.setdefault("draft_retry_interval", 0.0)
+    # The scenarios assume their K every step; the gate's tests turn it on.
+    config.setdefault("speculative_gate", "off")
     info = model_info()
     limits = ModelLimits(
         vocab_size=info.vocab_size,

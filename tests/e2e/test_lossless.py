@@ -101,3 +101,24 @@ def test_greedy_spec_output_equals_target_only_for_k_1_3_5(kv_cache_dtype, dtype
     assert 0 < lookups < drafts
     if (kv_cache_dtype, dtype) == ("auto", "float32"):
         assert expected == hf_outputs
+
+
+def test_greedy_output_is_unchanged_while_the_gate_turns_speculation_off_and_on(pair):
+    """The stack's default gate: speculative steps, plain multi-step bursts on every core,
+    the draft catching up on what it ingested lazily, and back."""
+    target, draft, prompts, _ = pair
+    params = GenerateParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+    with running_stack(
+        target_model=target,
+        draft_model=draft,
+        speculative_config='{"num_speculative_tokens": 5}',
+        speculative_gate="goodput",
+        with_baseline=True,
+    ) as stack:
+        _, target_only = generate_concurrently(stack.baseline_address, prompts, params)
+        _, outs = generate_concurrently(stack.address, prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in target_only]
+    # The warm-up's speculative steps, then at least the plain burst that times plain
+    # decoding.
+    assert sum(o.stats["num_drafts"] for o in outs) > 0
+    assert sum(o.stats["num_k0_steps"] for o in outs) > 0

@@ -9,11 +9,14 @@ from typing import NamedTuple
 import grpc
 import numpy as np
 import pytest
+import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from service_testing import ServerThread, chunk, entry, greedy_decode, status_of, verify
 
+from specdec.kernels import dense_ops
 from specdec.target_service.server import create_server
+from specdec.target_service.verifier import Verifier
 from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
 
 PROMPT = [17, 203, 5, 88, 140, 61, 9, 230, 44, 101, 12, 7, 150, 33, 64, 2, 91, 180, 55, 23]
@@ -337,3 +340,34 @@ def test_verify_stream_answers_as_verify_and_keeps_the_callers_identity(target, 
     (foreign,) = [r.response for r in stub.VerifyStream(iter([step]), metadata=b, timeout=30)]
     assert foreign.results[0].error_code == "NOT_FOUND"
     assert server.runner.seq_len("r1") == len(PROMPT) + 3
+
+
+def test_a_verify_asking_for_fewer_threads_runs_on_them_and_gives_them_back(target, monkeypatch):
+    """A coordinator whose draft computes beside the target asks it for fewer threads
+    (VerifyRequest.num_threads): the forwards run on that many, the C kernels' and
+    torch's, and the service's own count is back for the next call."""
+    _, stub = target
+    during: list[tuple[int, int]] = []
+    verify_on_the_model_thread = Verifier.verify
+
+    def spy(self, *args, **kwargs):
+        during.append((dense_ops.num_threads(), torch.get_num_threads()))
+        return verify_on_the_model_thread(self, *args, **kwargs)
+
+    monkeypatch.setattr(Verifier, "verify", spy)
+    own = (dense_ops.num_threads(), torch.get_num_threads())
+    dense_ops.set_num_threads(2)
+    torch.set_num_threads(2)
+    try:
+        first = prefill(stub, "r1", PROMPT, chunk_size=len(PROMPT))
+        step = entry("r1", len(PROMPT), first, [])
+        for num_threads in (1, 0, 5):
+            request = target_pb2.VerifyRequest(decode=[step], num_threads=num_threads)
+            (result,) = stub.Verify(request).results
+            step = entry("r1", step.start_position + 1, result.token_ids[-1], [])
+        # All (the prefill), at most one, all (0), all (never more than the service has).
+        assert during == [(2, 2), (1, 1), (2, 2), (2, 2)]
+        assert (dense_ops.num_threads(), torch.get_num_threads()) == (2, 2)
+    finally:
+        dense_ops.set_num_threads(own[0])
+        torch.set_num_threads(own[1])

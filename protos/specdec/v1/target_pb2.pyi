@@ -56,7 +56,7 @@ class VerifyEntry(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., start_position: _Optional[int] = ..., last_token_id: _Optional[int] = ..., proposal_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseProbs, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("step_id", "prefill", "decode", "num_steps", "trace_context", "return_features")
+    __slots__ = ("step_id", "prefill", "decode", "num_steps", "trace_context", "return_features", "num_threads")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -70,13 +70,15 @@ class VerifyRequest(_message.Message):
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     RETURN_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    NUM_THREADS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     prefill: _containers.RepeatedCompositeFieldContainer[PrefillChunk]
     decode: _containers.RepeatedCompositeFieldContainer[VerifyEntry]
     num_steps: int
     trace_context: _containers.ScalarMap[str, str]
     return_features: bool
-    def __init__(self, step_id: _Optional[int] = ..., prefill: _Optional[_Iterable[_Union[PrefillChunk, _Mapping]]] = ..., decode: _Optional[_Iterable[_Union[VerifyEntry, _Mapping]]] = ..., num_steps: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., return_features: bool = ...) -> None: ...
+    num_threads: int
+    def __init__(self, step_id: _Optional[int] = ..., prefill: _Optional[_Iterable[_Union[PrefillChunk, _Mapping]]] = ..., decode: _Optional[_Iterable[_Union[VerifyEntry, _Mapping]]] = ..., num_steps: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., return_features: bool = ..., num_threads: _Optional[int] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
     __slots__ = ("request_id", "token_ids", "num_accepted", "num_cached_tokens", "error_code", "error_message", "num_prefix_cached_tokens", "features", "feature_start", "logprobs", "prompt_logprobs", "prompt_logprobs_start")

@@ -1,0 +1,127 @@
+"""Speculation only where it pays: a request proposes while its measured speculative rate
+beats plain decoding at the same batch size (SmartSpec's goodput rule, on step times the
+coordinator measures rather than a cost model).
+
+A speculative step costs what the draft and a verify of 1 + K rows take; whether that
+beats plain decoding depends on the host (on a CPU a verify row costs a third of a decode,
+on a GPU almost nothing), on the pair, and on the request (a draft accepted five times in
+six on one prompt may be accepted once in two on another). So the gate measures what the
+choice needs and compares, per request:
+
+- its committed tokens per speculative step (smoothed over its own steps; before it has
+  any, those of every request so far);
+- the seconds of a speculative step at this batch size (the median of the last
+  ``window`` steps of every request: one step held up by a collection or a page fault
+  must not turn speculation off for everyone);
+- the seconds per token of a plain step at this batch size (the median of the last
+  ``window`` decode-only steps without proposals, multi-step bursts included).
+
+Until the gate has seen ``warmup_steps`` speculative steps every request speculates. A
+request gated off probes again (``probe_steps`` speculative steps) after
+``probe_interval`` plain tokens, so one whose text turns predictable (code, a list, a
+quote of the prompt) gets the draft back; each probe that does not pay doubles the wait
+before the next, up to ``max_probe_interval`` (a probe costs the draft's catch-up and two
+steps that lose). It probes only where a step with every proposal accepted (K + 1 tokens)
+would beat plain decoding by ``probe_margin``: on a host where even that barely pays, no
+text can make speculation worth its probes. Steps with prefill chunks, and those in which
+the draft catches up on a log it ingested lazily, time neither rate. What a request
+commits never depends on its K except for a seeded sampled one, whose K the scheduler
+keeps fixed; the gate leaves those alone.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass
+class GateRecord:
+    """One request's part of the gate's state (kept on the request)."""
+
+    tokens_per_step: float | None = None  # committed per speculative step, smoothed
+    plain_tokens: int = 0  # committed without proposals since its last speculative step
+    probe_left: int = 0  # speculative steps left in the current probe
+    probe_after: int = 0  # plain tokens before its next probe (0: the gate's first wait)
+
+
+class SpeculationGate:
+    def __init__(
+        self,
+        warmup_steps: int = 4,
+        probe_interval: int = 32,
+        max_probe_interval: int = 512,
+        probe_steps: int = 2,
+        probe_margin: float = 1.25,
+        smoothing: float = 0.25,
+        window: int = 16,
+    ) -> None:
+        self.warmup_steps = warmup_steps
+        self.probe_interval = probe_interval
+        self.max_probe_interval = max_probe_interval
+        self.probe_steps = probe_steps
+        self.probe_margin = probe_margin
+        self.smoothing = smoothing
+        self.window = window
+        self.tokens_per_step: float | None = None  # every request's, smoothed
+        self.spec_steps = 0  # speculative request-steps observed, every request's
+        self._spec_step_seconds: dict[int, deque[float]] = {}  # by batch size
+        self._plain_token_seconds: dict[int, deque[float]] = {}  # by batch size
+
+    def allows(self, record: GateRecord, batch_size: int, k: int) -> bool:
+        """Whether a request with ``record`` proposes (up to ``k`` tokens) this step;
+        called once a step."""
+        if record.probe_left > 0 or self.spec_steps < self.warmup_steps:
+            return True
+        tokens = record.tokens_per_step
+        tokens = self.tokens_per_step if tokens is None else tokens
+        plain = _median(self._plain_token_seconds.get(batch_size))
+        spec = _median(self._spec_step_seconds.get(batch_size))
+        if plain is None:
+            return False  # plain decoding not timed at this batch size yet: time it
+        if spec is None or tokens * plain > spec:
+            record.probe_after = self.probe_interval
+            return True
+        wait = record.probe_after or self.probe_interval
+        if record.plain_tokens >= wait and (k + 1) * plain > self.probe_margin * spec:
+            record.probe_left, record.plain_tokens = self.probe_steps, 0
+            record.probe_after = min(2 * wait, self.max_probe_interval)
+            return True
+        return False
+
+    def observe_speculative(
+        self, records: list[tuple[GateRecord, int]], batch_size: int, seconds: float | None
+    ) -> None:
+        """A step in which ``records``' requests proposed, each committing its count;
+        ``seconds`` None: the step is not timed (prefill chunks, or the draft caught up)."""
+        for record, committed in records:
+            record.tokens_per_step = self._smooth(record.tokens_per_step, committed)
+            self.tokens_per_step = self._smooth(self.tokens_per_step, committed)
+            self.spec_steps += 1
+            record.plain_tokens = 0
+            record.probe_left = max(record.probe_left - 1, 0)
+        if seconds is not None:
+            self._keep(self._spec_step_seconds, batch_size, seconds)
+
+    def observe_plain(
+        self, records: list[tuple[GateRecord, int]], batch_size: int, seconds: float | None
+    ) -> None:
+        """A step without proposals: ``records``' requests each committed their count (a
+        multi-step burst commits several); ``seconds`` None: not timed."""
+        for record, committed in records:
+            record.plain_tokens += committed
+        forwards = max((committed for _, committed in records), default=0)
+        if seconds is not None and forwards:
+            self._keep(self._plain_token_seconds, batch_size, seconds / forwards)
+
+    def _keep(self, table: dict[int, deque[float]], batch_size: int, value: float) -> None:
+        table.setdefault(batch_size, deque(maxlen=self.window)).append(value)
+
+    def _smooth(self, last: float | None, value: float) -> float:
+        """The running average: the first value as it is, then each moving it a share."""
+        return value if last is None else (1.0 - self.smoothing) * last + self.smoothing * value
+
+
+def _median(values: deque[float] | None) -> float | None:
+    return statistics.median(values) if values else None
