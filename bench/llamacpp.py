@@ -7,10 +7,12 @@
 engines read (specdec keeps its Q4_1 / Q8_0 blocks), on eight hand-written general
 chat prompts (the first of each category of ``bench/prompts/general_chat.json``) rendered
 through the chat template: llama.cpp decode only and target-only generation at 1 and 2
-threads against specdec's runtime, target-only and speculative stack with its defaults
-(``specdec up``), and the target-only stack on every core (``specdec up --no-draft``),
-the row to hold against llama.cpp's two threads; llama.cpp runs no speculative row there,
-as the draft's frequency-ranked head has no GGUF form.
+threads against specdec's runtime, the target-only stack on one thread (``specdec up
+--no-draft --target-num-threads 1``) and on every core (the baseline coordinator on the
+default stack's target service), and the speculative stack with its defaults (``specdec
+up``: the target on every core, which leaves the draft its core while the draft computes);
+llama.cpp runs no speculative row there, as the draft's frequency-ranked head has no GGUF
+form.
 ``--pair tiny`` (the default) is the bundled pair, as below.
 
 1. Builds llama.cpp once from the ``llama-cpp-python`` sdist on the package index (its
@@ -27,7 +29,8 @@ as the draft's frequency-ranked head has no GGUF form.
    decode only (``llama-bench`` tg / specdec's runtime), target-only generation
    (``llama-completion`` eval speed / the stack's target-only coordinator) and speculative
    generation (``llama-speculative-simple`` / the stack), with 1 and 2 llama.cpp threads
-   and one thread per specdec service, f32 and f16 weights. Generation rates are the
+   and specdec's defaults (the target on every core, one of them left to the draft while
+   it computes), f32 and f16 weights. Generation rates are the
    decode phase on both sides: llama.cpp times it after the prompt, specdec after each
    stream's first token (``Completion.decode_tok_s``); specdec's whole-request rates
    (prefill and first token included) are printed too.
@@ -286,9 +289,10 @@ def runtime_decode_rate(target: Path, dtype: str, new_tokens: int) -> float:
 def specdec_rates(
     config: StackConfig, new_tokens: int, prompts: list | None = None
 ) -> dict[str, float]:
-    """specdec's tokens/s: the runtime's decode, and batch-1 target-only and speculative
-    generation through the stack ``config`` describes (one thread per service): the
-    decode phase, as llama.cpp reports it (after the first token), and the whole request."""
+    """specdec's tokens/s: the runtime's decode (one thread), and batch-1 target-only and
+    speculative generation through the stack ``config`` describes (target-only: a
+    coordinator with no draft on the same target service): the decode phase, as llama.cpp
+    reports it (after the first token), and the whole request."""
     decode = runtime_decode_rate(Path(config.target_model), config.dtype, new_tokens)
     config = replace(config, with_baseline=True)
     with Stack(config) as stack:
@@ -304,11 +308,10 @@ def specdec_rates(
     }
 
 
-def target_only_every_core(config: StackConfig, new_tokens: int, prompts: list) -> float:
-    """``specdec up --no-draft``'s decode-phase tok/s at batch 1: the target service alone,
-    on every core."""
+def target_only_one_thread(config: StackConfig, new_tokens: int, prompts: list) -> float:
+    """``specdec up --no-draft --target-num-threads 1``'s decode-phase tok/s at batch 1."""
     params = GenerateParams(max_tokens=new_tokens, ignore_eos=True)
-    with Stack(replace(config, no_draft=True, port=0)) as stack:
+    with Stack(replace(config, no_draft=True, target_num_threads=1, port=0)) as stack:
         generate_concurrently(stack.address, prompts[:2], replace(params, max_tokens=8))
         runs = [generate_concurrently(stack.address, [prompt], params) for prompt in prompts]
     return decode_rate(runs)
@@ -384,7 +387,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"specdec, {outtype}, whole requests (prefill and first token included): "
               f"target-only {alone:.1f}, speculative {spec:.1f}")  # fmt: skip
     print(
-        "specdec: one thread per service; its own runtime for decode only, the stack else; "
+        "specdec: its own runtime on one thread for decode only, the stack with its defaults "
+        "else (the target on every core, one left to the draft while it computes); "
         "generation rates count the decode phase (after the first token), as llama.cpp's do"
     )
 
@@ -405,8 +409,8 @@ def real_pair(bin_dir: Path, args: argparse.Namespace) -> None:
                 samples.setdefault(f"llamacpp_{kind}_t{threads}", []).append(rate)
         for kind, rate in specdec_rates(config, args.new_tokens, prompts).items():
             samples.setdefault(f"specdec_{kind}", []).append(rate)
-        every_core = target_only_every_core(config, args.new_tokens, prompts)
-        samples.setdefault("specdec_target_only_every_core", []).append(every_core)
+        one_thread = target_only_one_thread(config, args.new_tokens, prompts)
+        samples.setdefault("specdec_target_only_t1", []).append(one_thread)
     figures = {key: round(statistics.median(v), 1) for key, v in samples.items()}
     figures["greedy_tokens_agreeing"] = agreed
     if args.json:
@@ -419,23 +423,29 @@ def real_pair(bin_dir: Path, args: argparse.Namespace) -> None:
         f"llama.cpp's greedy text starts with our first {agreed} of 32 tokens (its 8-bit "
         f"activations move its logits)"
     )
-    print(f"{'':26} {'llama.cpp 1 thread':>18} {'llama.cpp 2 threads':>19} {'specdec':>8}")
-    for label, kind in (
-        ("decode only, target", "decode"),
-        ("target-only generation", "target_only"),
-    ):
-        one, two = figures[f"llamacpp_{kind}_t1"], figures[f"llamacpp_{kind}_t2"]
-        print(f"{label:26} {one:>18.1f} {two:>19.1f} {figures[f'specdec_{kind}']:>8.1f}")
-    print(f"{'speculative generation':26} {'-':>18} {'-':>19} {figures['specdec_spec']:>8.1f}")
-    every_core = figures["specdec_target_only_every_core"]
-    print(
-        f"specdec target-only on every core (--no-draft): {every_core:.1f} tok/s, "
-        f"{every_core / figures['llamacpp_target_only_t2']:.2f}x llama.cpp's 2 threads"
+    head = f"{'':26} {'llama.cpp 1 thread':>18} {'llama.cpp 2 threads':>19}"
+    print(f"{head} {'specdec 1 thread':>16} {'specdec every core':>18}")
+    rows = (
+        ("decode only, target", "decode", figures["specdec_decode"], None),
+        (
+            "target-only generation",
+            "target_only",
+            figures["specdec_target_only_t1"],
+            figures["specdec_target_only"],
+        ),
     )
+    for label, kind, one_thread, every_core in rows:
+        one, two = figures[f"llamacpp_{kind}_t1"], figures[f"llamacpp_{kind}_t2"]
+        ours = f"{every_core:>18.1f}" if every_core is not None else f"{'-':>18}"
+        print(f"{label:26} {one:>18.1f} {two:>19.1f} {one_thread:>16.1f} {ours}")
+    spec = figures["specdec_spec"]
+    print(f"{'speculative generation':26} {'-':>18} {'-':>19} {'-':>16} {spec:>18.1f}")
     print(
-        f"specdec target-only / llama.cpp 1 thread: "
-        f"{figures['specdec_target_only'] / figures['llamacpp_target_only_t1']:.2f}x; "
-        f"specdec speculative / llama.cpp's best: {figures['specdec_spec'] / best:.2f}x; "
+        f"specdec target-only, 1 thread / llama.cpp 1 thread: "
+        f"{figures['specdec_target_only_t1'] / figures['llamacpp_target_only_t1']:.2f}x; "
+        f"every core / llama.cpp 2 threads: "
+        f"{figures['specdec_target_only'] / figures['llamacpp_target_only_t2']:.2f}x; "
+        f"speculative / llama.cpp's best: {spec / best:.2f}x; "
         f"whole requests: target-only {figures['specdec_target_only_with_prefill']:.1f}, "
         f"speculative {figures['specdec_spec_with_prefill']:.1f}"
     )

@@ -56,6 +56,7 @@ def up():
         SPECDEC, "up", "--port", "0", "--target-model", TARGET, "--draft-model", DRAFT,
         "--target-port", str(free_port()), "--draft-port", str(free_port()),
         "--speculative-config", '{"num_speculative_tokens": 3}',
+        "--speculative-gate", "off",  # every step drafts, so a kill lands mid-draft
     ]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log: list[str] = []
