@@ -130,7 +130,7 @@ class StackConfig:
         "--draft-num-threads (the coordinator's --target-threads-beside-draft)",
     )
     draft_num_threads: int = passed_to(
-        ServiceConfig, "num_threads", 1, "one core per model service on a CPU host"
+        ServiceConfig, "num_threads", 1, "one core for the draft on a CPU host"
     )
     no_draft: bool = field(
         default=False, metadata=_help("target-only serving: no draft service, K = 0 throughout")
