@@ -92,6 +92,7 @@ class Engine(DraftSteps, Releases):
         self.target = target
         self.limits = limits
         self.metrics = metrics
+        gated = draft is not None and config.speculative_gate == "goodput"
         self.scheduler = Scheduler(
             config.speculative,
             max_num_seqs=config.max_num_seqs,
@@ -101,7 +102,7 @@ class Engine(DraftSteps, Releases):
             num_scheduler_steps=config.num_scheduler_steps,
             target_pool=copy.copy(limits.target_kv),
             draft_pool=copy.copy(limits.draft_kv) if draft is not None else None,
-            gate=SpeculationGate() if draft and config.speculative_gate == "goodput" else None,
+            gate=SpeculationGate() if gated else None,
         )
         self._pools_checked = 0.0  # when the pools were last asked for their free pages
         self._burst: int | None = None  # the multi-step burst the target runs now (step id)
