@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from specdec.coordinator.engine.speculation_gate import MAX_PROBE_INTERVAL, PROBE_INTERVAL
+
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
@@ -199,8 +201,9 @@ class CoordinatorConfig:
         metadata={
             "choices": ("goodput", "off"),
             "help": "goodput: a request proposes only while its measured speculative rate "
-            "beats plain decoding at the batch size, probing again after 32 plain tokens "
-            "(doubling to 512 while probes lose); off: every step at the configured K",
+            f"beats plain decoding at the batch size, probing again after {PROBE_INTERVAL} "
+            f"plain tokens (doubling to {MAX_PROBE_INTERVAL} while probes lose); off: every "
+            "step at the configured K",
         },
     )
     target_threads_beside_draft: int = field(

@@ -33,7 +33,12 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+# A gated request's first wait before it probes, and the most a run of losing probes
+# doubles it to (plain tokens).
+PROBE_INTERVAL = 32
+MAX_PROBE_INTERVAL = 512
 
 
 @dataclass
@@ -46,28 +51,41 @@ class GateRecord:
     probe_after: int = 0  # plain tokens before its next probe (0: the gate's first wait)
 
 
-class SpeculationGate:
-    def __init__(
-        self,
-        warmup_steps: int = 4,
-        probe_interval: int = 32,
-        max_probe_interval: int = 512,
-        probe_steps: int = 2,
-        probe_margin: float = 1.25,
-        smoothing: float = 0.25,
-        window: int = 16,
-    ) -> None:
-        self.warmup_steps = warmup_steps
-        self.probe_interval = probe_interval
-        self.max_probe_interval = max_probe_interval
-        self.probe_steps = probe_steps
-        self.probe_margin = probe_margin
-        self.smoothing = smoothing
+class RecentMedians:
+    """Per batch size, the median of the last ``window`` values, worked out as each value
+    arrives (once a step) rather than where it is read (for every running request)."""
+
+    def __init__(self, window: int) -> None:
+        self._values: dict[int, deque[float]] = {}
+        self._medians: dict[int, float] = {}
         self.window = window
-        self.tokens_per_step: float | None = None  # every request's, smoothed
-        self.spec_steps = 0  # speculative request-steps observed, every request's
-        self._spec_step_seconds: dict[int, deque[float]] = {}  # by batch size
-        self._plain_token_seconds: dict[int, deque[float]] = {}  # by batch size
+
+    def add(self, batch_size: int, value: float) -> None:
+        values = self._values.setdefault(batch_size, deque(maxlen=self.window))
+        values.append(value)
+        self._medians[batch_size] = statistics.median(values)
+
+    def get(self, batch_size: int) -> float | None:
+        return self._medians.get(batch_size)
+
+
+@dataclass
+class SpeculationGate:
+    warmup_steps: int = 4
+    probe_interval: int = PROBE_INTERVAL
+    max_probe_interval: int = MAX_PROBE_INTERVAL
+    probe_steps: int = 2
+    probe_margin: float = 1.25
+    smoothing: float = 0.25
+    window: int = 16
+    tokens_per_step: float | None = field(default=None, init=False)  # every request's
+    spec_steps: int = field(default=0, init=False)  # speculative request-steps, all requests'
+    spec_step_seconds: RecentMedians = field(init=False)
+    plain_token_seconds: RecentMedians = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.spec_step_seconds = RecentMedians(self.window)
+        self.plain_token_seconds = RecentMedians(self.window)
 
     def allows(self, record: GateRecord, batch_size: int, k: int) -> bool:
         """Whether a request with ``record`` proposes (up to ``k`` tokens) this step;
@@ -76,8 +94,8 @@ class SpeculationGate:
             return True
         tokens = record.tokens_per_step
         tokens = self.tokens_per_step if tokens is None else tokens
-        plain = _median(self._plain_token_seconds.get(batch_size))
-        spec = _median(self._spec_step_seconds.get(batch_size))
+        plain = self.plain_token_seconds.get(batch_size)
+        spec = self.spec_step_seconds.get(batch_size)
         if plain is None:
             return False  # plain decoding not timed at this batch size yet: time it
         if spec is None or tokens * plain > spec:
@@ -102,7 +120,7 @@ class SpeculationGate:
             record.plain_tokens = 0
             record.probe_left = max(record.probe_left - 1, 0)
         if seconds is not None:
-            self._keep(self._spec_step_seconds, batch_size, seconds)
+            self.spec_step_seconds.add(batch_size, seconds)
 
     def observe_plain(
         self, records: list[tuple[GateRecord, int]], batch_size: int, seconds: float | None
@@ -113,15 +131,8 @@ class SpeculationGate:
             record.plain_tokens += committed
         forwards = max((committed for _, committed in records), default=0)
         if seconds is not None and forwards:
-            self._keep(self._plain_token_seconds, batch_size, seconds / forwards)
-
-    def _keep(self, table: dict[int, deque[float]], batch_size: int, value: float) -> None:
-        table.setdefault(batch_size, deque(maxlen=self.window)).append(value)
+            self.plain_token_seconds.add(batch_size, seconds / forwards)
 
     def _smooth(self, last: float | None, value: float) -> float:
         """The running average: the first value as it is, then each moving it a share."""
         return value if last is None else (1.0 - self.smoothing) * last + self.smoothing * value
-
-
-def _median(values: deque[float] | None) -> float | None:
-    return statistics.median(values) if values else None
