@@ -22,8 +22,13 @@ request gated off probes again (``probe_steps`` speculative steps) after
 quote of the prompt) gets the draft back; each probe that does not pay doubles the wait
 before the next, up to ``max_probe_interval`` (a probe costs the draft's catch-up and two
 steps that lose). It probes only where a step with every proposal accepted (K + 1 tokens)
-would beat plain decoding by ``probe_margin``: on a host where even that barely pays, no
-text can make speculation worth its probes. Steps with prefill chunks, and those in which
+at the cost of the fastest recent speculative step would beat plain decoding by
+``probe_margin``: on a host where even that barely pays, no text can make speculation
+worth its probes. The fastest step, not the median: where the draft works ahead, a step
+whose proposals were all accepted finds the next ones prepared and costs the verify alone,
+while a request's first steps, which accept little, pay the draft too (the tiny pair:
+6 ms against 9), and those first steps must not rule out the probes that would find
+the text turned predictable. Steps with prefill chunks, and those in which
 the draft catches up on a log it ingested lazily, time neither rate. What a request
 commits never depends on its K except for a seeded sampled one, whose K the scheduler
 keeps fixed; the gate leaves those alone.
@@ -51,22 +56,28 @@ class GateRecord:
     probe_after: int = 0  # plain tokens before its next probe (0: the gate's first wait)
 
 
-class RecentMedians:
-    """Per batch size, the median of the last ``window`` values, worked out as each value
-    arrives (once a step) rather than where it is read (for every running request)."""
+class RecentSeconds:
+    """Per batch size, the median and the least of the last ``window`` values, worked out
+    as each value arrives (once a step) rather than where they are read (for every running
+    request)."""
 
     def __init__(self, window: int) -> None:
         self._values: dict[int, deque[float]] = {}
         self._medians: dict[int, float] = {}
+        self._least: dict[int, float] = {}
         self.window = window
 
     def add(self, batch_size: int, value: float) -> None:
         values = self._values.setdefault(batch_size, deque(maxlen=self.window))
         values.append(value)
         self._medians[batch_size] = statistics.median(values)
+        self._least[batch_size] = min(values)
 
-    def get(self, batch_size: int) -> float | None:
+    def median(self, batch_size: int) -> float | None:
         return self._medians.get(batch_size)
+
+    def least(self, batch_size: int) -> float | None:
+        return self._least.get(batch_size)
 
 
 @dataclass
@@ -80,12 +91,12 @@ class SpeculationGate:
     window: int = 16
     tokens_per_step: float | None = field(default=None, init=False)  # every request's
     spec_steps: int = field(default=0, init=False)  # speculative request-steps, all requests'
-    spec_step_seconds: RecentMedians = field(init=False)
-    plain_token_seconds: RecentMedians = field(init=False)
+    spec_step_seconds: RecentSeconds = field(init=False)
+    plain_token_seconds: RecentSeconds = field(init=False)
 
     def __post_init__(self) -> None:
-        self.spec_step_seconds = RecentMedians(self.window)
-        self.plain_token_seconds = RecentMedians(self.window)
+        self.spec_step_seconds = RecentSeconds(self.window)
+        self.plain_token_seconds = RecentSeconds(self.window)
 
     def allows(self, record: GateRecord, batch_size: int, k: int) -> bool:
         """Whether a request with ``record`` proposes (up to ``k`` tokens) this step;
@@ -94,15 +105,16 @@ class SpeculationGate:
             return True
         tokens = record.tokens_per_step
         tokens = self.tokens_per_step if tokens is None else tokens
-        plain = self.plain_token_seconds.get(batch_size)
-        spec = self.spec_step_seconds.get(batch_size)
+        plain = self.plain_token_seconds.median(batch_size)
+        spec = self.spec_step_seconds.median(batch_size)
         if plain is None:
             return False  # plain decoding not timed at this batch size yet: time it
         if spec is None or tokens * plain > spec:
             record.probe_after = self.probe_interval
             return True
         wait = record.probe_after or self.probe_interval
-        if record.plain_tokens >= wait and (k + 1) * plain > self.probe_margin * spec:
+        fastest = self.spec_step_seconds.least(batch_size)
+        if record.plain_tokens >= wait and (k + 1) * plain > self.probe_margin * fastest:
             record.probe_left, record.plain_tokens = self.probe_steps, 0
             record.probe_after = min(2 * wait, self.max_probe_interval)
             return True

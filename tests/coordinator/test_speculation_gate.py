@@ -106,3 +106,18 @@ def test_no_probes_where_even_every_proposal_accepted_would_barely_pay():
         record = warmed(gate, 1, 0.018, 0.005)
         gate.observe_plain([(record, 1000)], 1, None)
         assert gate.allows(record, 1, k) is probes
+
+
+def test_slow_first_steps_do_not_rule_out_probes_where_a_fast_step_was_seen():
+    # A request's first steps accept little and pay the draft (40 ms); a step whose
+    # proposals were prepared during the verify before costs the verify alone (20 ms). At
+    # K = 6 and 5 ms a plain token, seven tokens in 20 ms would pay (1.75x), so the gate
+    # probes, though seven in the median step (40 ms) would not.
+    gate = SpeculationGate(probe_interval=16)
+    record = GateRecord()
+    for seconds in (0.040, 0.040, 0.040, 0.020):
+        assert gate.allows(record, 1, K)
+        gate.observe_speculative([(record, 1)], 1, seconds)
+    assert not gate.allows(record, 1, K)
+    gate.observe_plain([(record, 1000)], 1, 1000 * 0.005)
+    assert gate.allows(record, 1, K)
