@@ -37,7 +37,7 @@ from specdec.coordinator.engine.messages import (
     sampling_pb,
     verify_request,
 )
-from specdec.coordinator.engine.metrics import Metrics
+from specdec.coordinator.engine.metrics import GateCollector, Metrics
 from specdec.coordinator.engine.releases import Releases
 from specdec.coordinator.engine.request import Request, RequestOutput, RequestStatus
 from specdec.coordinator.engine.scheduler import Scheduler, StepPlan
@@ -104,6 +104,8 @@ class Engine(DraftSteps, Releases):
             draft_pool=copy.copy(limits.draft_kv) if draft is not None else None,
             gate=SpeculationGate() if gated else None,
         )
+        if metrics is not None and self.scheduler.gate is not None:
+            metrics.registry.register(GateCollector(self.scheduler.gate))
         self._pools_checked = 0.0  # when the pools were last asked for their free pages
         self._burst: int | None = None  # the multi-step burst the target runs now (step id)
         self.requests: dict[str, Request] = {}

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from specdec.coordinator.engine.speculation_gate import SpeculationGate
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,26 @@ def create_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         ),
         registry=r,
     )
+
+
+class GateCollector(Collector):
+    """The speculation gate's own counts, read at each scrape."""
+
+    def __init__(self, gate: SpeculationGate) -> None:
+        self.gate = gate
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "specdec_num_gate_held_back",
+            "Decode entries the speculation gate ran without proposals (plain decoding "
+            "measured faster for them)",
+            value=self.gate.num_held_back,
+        )
+        yield CounterMetricFamily(
+            "specdec_num_gate_probes",
+            "Probes the speculation gate started (a held-back request's speculative steps)",
+            value=self.gate.num_probes,
+        )
 
 
 def serve_metrics(metrics: Metrics, port: int, host: str = "0.0.0.0") -> None:

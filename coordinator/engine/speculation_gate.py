@@ -19,19 +19,21 @@ choice needs and compares, per request:
 Until the gate has seen ``warmup_steps`` speculative steps every request speculates. A
 request gated off probes again (``probe_steps`` speculative steps) after
 ``probe_interval`` plain tokens, so one whose text turns predictable (code, a list, a
-quote of the prompt) gets the draft back; each probe that does not pay doubles the wait
-before the next, up to ``max_probe_interval`` (a probe costs the draft's catch-up and two
-steps that lose). It probes only where a step with every proposal accepted (K + 1 tokens)
-at the cost of the fastest recent speculative step would beat plain decoding by
-``probe_margin``: on a host where even that barely pays, no text can make speculation
-worth its probes. The fastest step, not the median: where the draft works ahead, a step
-whose proposals were all accepted finds the next ones prepared and costs the verify alone,
-while a request's first steps, which accept little, pay the draft too (the tiny pair:
-6 ms against 9), and those first steps must not rule out the probes that would find
-the text turned predictable. Steps with prefill chunks, and those in which
-the draft catches up on a log it ingested lazily, time neither rate. What a request
-commits never depends on its K except for a seeded sampled one, whose K the scheduler
-keeps fixed; the gate leaves those alone.
+quote of the prompt) gets the draft back (a probe's steps start its tokens per step
+afresh: what it committed before the plain stretch describes text it has left behind);
+each probe that does not pay doubles the wait before the next, up to
+``max_probe_interval`` (a probe costs the draft's catch-up and two steps that lose). Once
+``window`` speculative steps are timed at the batch size, it stops probing where a step
+with every proposal accepted (K + 1 tokens) at the cost of the fastest of them would beat
+plain decoding by less than ``probe_margin``: on a host where even that barely pays, no
+text can make speculation worth its probes. The fastest step, not the median, and only
+over a full window: where the draft works ahead, a step whose proposals were all accepted
+finds the next ones prepared and costs the verify alone, while a request's first steps,
+which accept little, pay the draft too (the tiny pair: 6 ms against 9), and the warm-up's
+few slow steps must not rule out the probes that would find the text turned predictable.
+Steps with prefill chunks, and those in which the draft catches up on a log it ingested
+lazily, time neither rate. What a request commits never depends on its K except for a
+seeded sampled one, whose K the scheduler keeps fixed; the gate leaves those alone.
 """
 
 from __future__ import annotations
@@ -79,6 +81,11 @@ class RecentSeconds:
     def least(self, batch_size: int) -> float | None:
         return self._least.get(batch_size)
 
+    def full(self, batch_size: int) -> bool:
+        """Whether ``window`` values have arrived at this batch size."""
+        values = self._values.get(batch_size)
+        return values is not None and len(values) == self.window
+
 
 @dataclass
 class SpeculationGate:
@@ -91,6 +98,8 @@ class SpeculationGate:
     window: int = 16
     tokens_per_step: float | None = field(default=None, init=False)  # every request's
     spec_steps: int = field(default=0, init=False)  # speculative request-steps, all requests'
+    num_held_back: int = field(default=0, init=False)  # request-steps it ran at K = 0
+    num_probes: int = field(default=0, init=False)  # probes it started
     spec_step_seconds: RecentSeconds = field(init=False)
     plain_token_seconds: RecentSeconds = field(init=False)
 
@@ -108,17 +117,28 @@ class SpeculationGate:
         plain = self.plain_token_seconds.median(batch_size)
         spec = self.spec_step_seconds.median(batch_size)
         if plain is None:
+            self.num_held_back += 1
             return False  # plain decoding not timed at this batch size yet: time it
         if spec is None or tokens * plain > spec:
             record.probe_after = self.probe_interval
             return True
         wait = record.probe_after or self.probe_interval
-        fastest = self.spec_step_seconds.least(batch_size)
-        if record.plain_tokens >= wait and (k + 1) * plain > self.probe_margin * fastest:
+        if record.plain_tokens >= wait and not self._hopeless(batch_size, k, plain):
             record.probe_left, record.plain_tokens = self.probe_steps, 0
+            record.tokens_per_step = None  # the probe measures the text as it is now
             record.probe_after = min(2 * wait, self.max_probe_interval)
+            self.num_probes += 1
             return True
+        self.num_held_back += 1
         return False
+
+    def _hopeless(self, batch_size: int, k: int, plain: float) -> bool:
+        """Whether even K + 1 tokens in the fastest of a full window of speculative steps
+        would beat plain decoding by less than ``probe_margin``."""
+        steps = self.spec_step_seconds
+        if not steps.full(batch_size):
+            return False
+        return (k + 1) * plain <= self.probe_margin * steps.least(batch_size)
 
     def observe_speculative(
         self, records: list[tuple[GateRecord, int]], batch_size: int, seconds: float | None

@@ -25,7 +25,7 @@ from specdec.coordinator.engine.request import Request, SamplingParams
 from specdec.coordinator.engine.stats import SpecStats
 
 
-def make_engine(draft: FakeDraft, target: FakeTarget, **config) -> Engine:
+def make_engine(draft: FakeDraft, target: FakeTarget, metrics=None, **config) -> Engine:
     config.setdefault("speculative_config", '{"num_speculative_tokens": 3}')
     config.setdefault("draft_retry_interval", 0.0)
     # The scenarios assume their K every step; the gate's tests turn it on.
@@ -40,7 +40,7 @@ def make_engine(draft: FakeDraft, target: FakeTarget, **config) -> Engine:
         draft_kv=kv_pool("draft", draft.pool.info({}), MAX_MODEL_LEN) if draft.pool else None,
     )
     config.setdefault("speculative_config", FIXED_K4)  # what the fakes' scenarios assume
-    return Engine(CoordinatorConfig(**config), draft, target, limits)
+    return Engine(CoordinatorConfig(**config), draft, target, limits, metrics)
 
 
 def make_request(rid: str, prompt: list[int], max_tokens: int = 12, **kw) -> Request:

@@ -8,6 +8,7 @@ import asyncio
 from coordinator_fakes import MAX_MODEL_LEN, FakeDraft, FakeTarget
 from test_coordinator_engine import expected_output, make_engine, make_request, run
 
+from specdec.coordinator.engine.metrics import create_metrics
 from specdec.v1 import target_pb2
 
 PROMPT = [1, 2, 3, 4]
@@ -25,9 +26,11 @@ def verify_seconds(forward_s: float, row_s: float):
 
 
 def serve(draft: FakeDraft, target: FakeTarget):
+    """The request's stats and the gate's Prometheus counts (held back, probes)."""
     engine = make_engine(
         draft,
         target,
+        metrics=create_metrics(),
         speculative_gate="goodput",
         target_threads_beside_draft=1,
         num_scheduler_steps=8,
@@ -35,7 +38,9 @@ def serve(draft: FakeDraft, target: FakeTarget):
     request = make_request("a", PROMPT, MAX_TOKENS)
     [(tokens, reason, error)] = asyncio.run(run(engine, request))
     assert (tokens, reason, error) == (expected_output(len(PROMPT), MAX_TOKENS), "length", None)
-    return request.stats
+    sample = engine.metrics.registry.get_sample_value
+    gate = sample("specdec_num_gate_held_back_total"), sample("specdec_num_gate_probes_total")
+    return request.stats, gate
 
 
 def test_speculation_that_loses_to_plain_decoding_is_turned_off():
@@ -44,12 +49,14 @@ def test_speculation_that_loses_to_plain_decoding_is_turned_off():
     # would pay, so the gate probes.
     wrong = frozenset(range(2 * MAX_TOKENS))
     draft, target = FakeDraft(wrong_positions=wrong), FakeTarget(verify_seconds(0.005, 0.002))
-    stats = serve(draft, target)
+    stats, (held_back, probes) = serve(draft, target)
     # The warm-up's four speculative steps, then plain multi-step bursts, and after 32
     # plain tokens a probe of two speculative steps, which lost (the next would come
     # after 64 more).
     assert stats.num_drafts == 4 + 2
     assert stats.num_k0_steps >= MAX_TOKENS - 4 * 6
+    # Prometheus counts the gate's steps at K = 0 (bursts of up to 8 forwards) and its probe.
+    assert stats.num_k0_steps / 8 <= held_back <= stats.num_k0_steps and probes == 1
     # Plain steps took every core; a verify the draft worked ahead beside left it its own.
     threads = {(bool(r.decode[0].proposal_ids), r.num_threads) for r in target.requests[1:]}
     assert (False, 1) not in threads and (True, 1) in threads
@@ -59,9 +66,9 @@ def test_speculation_that_pays_keeps_running():
     # The draft is always right and a proposal row costs a tenth of a forward: four tokens
     # a 6.5 ms step, against 5 ms a token.
     draft, target = FakeDraft(), FakeTarget(verify_seconds(0.005, 0.0005))
-    stats = serve(draft, target)
+    stats, (held_back, probes) = serve(draft, target)
     # One plain burst timed plain decoding after the warm-up; every other step speculated,
     # every proposal accepted.
-    assert stats.num_k0_steps <= 8
+    assert stats.num_k0_steps <= 8 and held_back == 1 and probes == 0
     assert stats.num_accepted_tokens == stats.num_draft_tokens
     assert stats.num_accepted_tokens + stats.num_drafts >= MAX_TOKENS - 8
