@@ -193,7 +193,8 @@ class CoordinatorConfig:
         default=3,
         metadata=_help(
             "pipelined at batch 1, greedy: verify outcomes the draft prepares proposals for "
-            "(all accepted, first proposal rejected, ...); 1 = all accepted only"
+            "(all accepted, first proposal rejected, ...); 1 = all accepted only, as where "
+            "--target-threads-beside-draft is set"
         ),
     )
     speculative_gate: str = field(

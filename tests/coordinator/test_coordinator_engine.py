@@ -240,6 +240,20 @@ def test_branches_prepare_every_outcome_of_the_verify_at_batch_1():
     assert r.stats.num_accepted_tokens < r.stats.num_draft_tokens  # some were rejected
 
 
+def test_a_draft_sharing_the_targets_cores_prepares_the_all_accepted_branch_only():
+    """Branches would have every verify run beside the draft's work ahead, on the threads
+    it leaves the target; with one, a verify after a rejection keeps them all."""
+    draft, target = FakeDraft(wrong_positions=frozenset({9, 14})), FakeTarget()
+    engine = make_engine(draft, target, pipeline_branches=4, target_threads_beside_draft=1)
+    r = make_request("a", [1, 2, 3, 4], max_tokens=21)
+    (result,) = asyncio.run(run(engine, r))
+    assert result == (expected_output(4, 21), "length", None)
+    ahead = [e for s in draft.requests for e in s.propose if e.ahead_of]
+    assert ahead and all(e.num_branches == 1 for e in ahead)
+    threads = {r.num_threads for r in target.requests if r.decode and r.decode[0].proposal_ids}
+    assert threads == {0, 1}  # beside work ahead, and alone after a rejection
+
+
 def test_pipeline_off_drafts_then_verifies_in_turn():
     draft, target = FakeDraft(), FakeTarget()
     engine = make_engine(draft, target, pipeline="off")

@@ -31,8 +31,10 @@ def outputs(prompts: list, pipeline: str, **config) -> tuple[list[list[int]], li
 def test_pipelined_output_equals_unpipelined_and_target_only_output(prompt_ids):
     prompts = prompt_ids[:4]
     piped, stats = outputs(prompts, "auto")
+    # A target on threads of its own: the draft prepares branches (beside every verify).
+    branched, _ = outputs(prompts, "auto", target_num_threads=1)
     plain, plain_stats = outputs(prompts, "off")
-    assert piped == plain
+    assert piped == branched == plain
     with running_stack(no_draft=True) as stack:
         _, alone = generate_concurrently(
             stack.address, prompts[:2], GenerateParams(max_tokens=48, ignore_eos=True)
