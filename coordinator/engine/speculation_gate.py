@@ -19,21 +19,14 @@ choice needs and compares, per request:
 Until the gate has seen ``warmup_steps`` speculative steps every request speculates. A
 request gated off probes again (``probe_steps`` speculative steps) after
 ``probe_interval`` plain tokens, so one whose text turns predictable (code, a list, a
-quote of the prompt) gets the draft back (a probe's steps start its tokens per step
-afresh: what it committed before the plain stretch describes text it has left behind);
-each probe that does not pay doubles the wait before the next, up to
-``max_probe_interval`` (a probe costs the draft's catch-up and two steps that lose). Once
-``window`` speculative steps are timed at the batch size, it stops probing where a step
-with every proposal accepted (K + 1 tokens) at the cost of the fastest of them would beat
-plain decoding by less than ``probe_margin``: on a host where even that barely pays, no
-text can make speculation worth its probes. The fastest step, not the median, and only
-over a full window: where the draft works ahead, a step whose proposals were all accepted
-finds the next ones prepared and costs the verify alone, while a request's first steps,
-which accept little, pay the draft too (the tiny pair: 6 ms against 9), and the warm-up's
-few slow steps must not rule out the probes that would find the text turned predictable.
-Steps with prefill chunks, and those in which the draft catches up on a log it ingested
-lazily, time neither rate. What a request commits never depends on its K except for a
-seeded sampled one, whose K the scheduler keeps fixed; the gate leaves those alone.
+quote of the prompt) gets the draft back; each probe that does not pay doubles the wait
+before the next, up to ``max_probe_interval`` (a probe costs the draft's catch-up and two
+steps that lose). It probes only where a step with every proposal accepted (K + 1 tokens)
+would beat plain decoding by ``probe_margin``: on a host where even that barely pays, no
+text can make speculation worth its probes. Steps with prefill chunks, and those in which
+the draft catches up on a log it ingested lazily, time neither rate. What a request
+commits never depends on its K except for a seeded sampled one, whose K the scheduler
+keeps fixed; the gate leaves those alone.
 """
 
 from __future__ import annotations
@@ -58,33 +51,22 @@ class GateRecord:
     probe_after: int = 0  # plain tokens before its next probe (0: the gate's first wait)
 
 
-class RecentSeconds:
-    """Per batch size, the median and the least of the last ``window`` values, worked out
-    as each value arrives (once a step) rather than where they are read (for every running
-    request)."""
+class RecentMedians:
+    """Per batch size, the median of the last ``window`` values, worked out as each value
+    arrives (once a step) rather than where it is read (for every running request)."""
 
     def __init__(self, window: int) -> None:
         self._values: dict[int, deque[float]] = {}
         self._medians: dict[int, float] = {}
-        self._least: dict[int, float] = {}
         self.window = window
 
     def add(self, batch_size: int, value: float) -> None:
         values = self._values.setdefault(batch_size, deque(maxlen=self.window))
         values.append(value)
         self._medians[batch_size] = statistics.median(values)
-        self._least[batch_size] = min(values)
 
-    def median(self, batch_size: int) -> float | None:
+    def get(self, batch_size: int) -> float | None:
         return self._medians.get(batch_size)
-
-    def least(self, batch_size: int) -> float | None:
-        return self._least.get(batch_size)
-
-    def full(self, batch_size: int) -> bool:
-        """Whether ``window`` values have arrived at this batch size."""
-        values = self._values.get(batch_size)
-        return values is not None and len(values) == self.window
 
 
 @dataclass
@@ -100,12 +82,12 @@ class SpeculationGate:
     spec_steps: int = field(default=0, init=False)  # speculative request-steps, all requests'
     num_held_back: int = field(default=0, init=False)  # request-steps it ran at K = 0
     num_probes: int = field(default=0, init=False)  # probes it started
-    spec_step_seconds: RecentSeconds = field(init=False)
-    plain_token_seconds: RecentSeconds = field(init=False)
+    spec_step_seconds: RecentMedians = field(init=False)
+    plain_token_seconds: RecentMedians = field(init=False)
 
     def __post_init__(self) -> None:
-        self.spec_step_seconds = RecentSeconds(self.window)
-        self.plain_token_seconds = RecentSeconds(self.window)
+        self.spec_step_seconds = RecentMedians(self.window)
+        self.plain_token_seconds = RecentMedians(self.window)
 
     def allows(self, record: GateRecord, batch_size: int, k: int) -> bool:
         """Whether a request with ``record`` proposes (up to ``k`` tokens) this step;
@@ -114,8 +96,8 @@ class SpeculationGate:
             return True
         tokens = record.tokens_per_step
         tokens = self.tokens_per_step if tokens is None else tokens
-        plain = self.plain_token_seconds.median(batch_size)
-        spec = self.spec_step_seconds.median(batch_size)
+        plain = self.plain_token_seconds.get(batch_size)
+        spec = self.spec_step_seconds.get(batch_size)
         if plain is None:
             self.num_held_back += 1
             return False  # plain decoding not timed at this batch size yet: time it
@@ -123,22 +105,13 @@ class SpeculationGate:
             record.probe_after = self.probe_interval
             return True
         wait = record.probe_after or self.probe_interval
-        if record.plain_tokens >= wait and not self._hopeless(batch_size, k, plain):
+        if record.plain_tokens >= wait and (k + 1) * plain > self.probe_margin * spec:
             record.probe_left, record.plain_tokens = self.probe_steps, 0
-            record.tokens_per_step = None  # the probe measures the text as it is now
             record.probe_after = min(2 * wait, self.max_probe_interval)
             self.num_probes += 1
             return True
         self.num_held_back += 1
         return False
-
-    def _hopeless(self, batch_size: int, k: int, plain: float) -> bool:
-        """Whether even K + 1 tokens in the fastest of a full window of speculative steps
-        would beat plain decoding by less than ``probe_margin``."""
-        steps = self.spec_step_seconds
-        if not steps.full(batch_size):
-            return False
-        return (k + 1) * plain <= self.probe_margin * steps.least(batch_size)
 
     def observe_speculative(
         self, records: list[tuple[GateRecord, int]], batch_size: int, seconds: float | None
