@@ -77,8 +77,8 @@ class DraftSteps:
         # ahead never holds up the step. Not where the target gives the draft cores for
         # its work ahead (--target-threads-beside-draft): branches would make every
         # verify run beside the draft, where the all-accepted branch alone lets a verify
-        # after a rejection keep every core (the tiny pair on 2 cores, 16 prompts: 1.04x
-        # / 1.05x target-only with three branches, 1.17x / 1.17x with one).
+        # after a rejection keep every core (the tiny pair on 2 cores, 16 prompts, gate
+        # off: 1.05x / 1.04x target-only with three branches, 1.17x / 1.17x with one).
         budget = 0.8 * self._verify_seconds if self._verify_seconds else 0.0
         branching = plan.batch_size == 1 and budget and not self.config.target_threads_beside_draft
         branches = self.config.pipeline_branches if branching else 1

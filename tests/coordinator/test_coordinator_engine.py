@@ -250,7 +250,8 @@ def test_a_draft_sharing_the_targets_cores_prepares_the_all_accepted_branch_only
     assert result == (expected_output(4, 21), "length", None)
     ahead = [e for s in draft.requests for e in s.propose if e.ahead_of]
     assert ahead and all(e.num_branches == 1 for e in ahead)
-    threads = {r.num_threads for r in target.requests if r.decode and r.decode[0].proposal_ids}
+    verifies = [v for v in target.requests if v.decode and v.decode[0].proposal_ids]
+    threads = {v.num_threads for v in verifies}
     assert threads == {0, 1}  # beside work ahead, and alone after a rejection
 
 
