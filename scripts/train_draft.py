@@ -93,9 +93,9 @@ class Recipe:
     # Chat conversations (``chat_requests``), beside the documentation prompts; a two-turn
     # one carries the target's first answer, hence the larger bound.
     chat_requests: int = 8000
-    # The conversations' own seed: each continued run composes fresh ones with the next
-    # (0: the first chat run's, 1: the second's).
-    chat_seed: int = 1
+    # The conversations' seeds, each its own set of ``chat_requests`` (0: the first chat
+    # run's; 1: the second's; 1 and 2: the third's, which kept the second's answers).
+    chat_seeds: tuple[int, ...] = (1, 2)
     max_chat_tokens: int = 320
     chat_repeat: int = 2  # each written chat's answer this many times per epoch
     gen_batch: int = 128
@@ -144,14 +144,14 @@ def teacher_writer(teacher: Teacher, tokenizer, seed: int) -> Writer:
     return write
 
 
-def chat_prompts(recipe: Recipe, teacher: Teacher, tokenizer, path: Path) -> list:
-    """The conversations the target writes (``chat_requests``), made once and kept in
-    ``path``, so the teacher's cached answers keep answering the prompts."""
+def chat_prompts(recipe: Recipe, teacher: Teacher, tokenizer, seed: int, path: Path) -> list:
+    """The conversations of ``seed`` the target writes (``chat_requests``), made once and
+    kept in ``path``, so the teacher's cached answers keep answering the prompts."""
     if path.is_file():
         return json.loads(path.read_text())
     t0 = time.time()
-    chats = build_chats(teacher_writer(teacher, tokenizer, recipe.chat_seed), recipe.chat_seed,
-                        recipe.chat_requests, batch=recipe.gen_batch)  # fmt: skip
+    chats = build_chats(teacher_writer(teacher, tokenizer, seed), seed, recipe.chat_requests,
+                        batch=recipe.gen_batch)  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(chats, indent=0, ensure_ascii=False) + "\n")
     log(f"chat requests: {len(chats)} conversations in {(time.time() - t0) / 60:.1f} min")
@@ -497,8 +497,8 @@ def main() -> None:
         default=Recipe.chat_requests,
         help="chat conversations composed from hand-written patterns",
     )
-    parser.add_argument("--chat-seed", type=int, default=Recipe.chat_seed,
-                        help="the conversations' seed (each its own set, kept apart)")  # fmt: skip
+    parser.add_argument("--chat-seeds", default=",".join(map(str, Recipe.chat_seeds)),
+                        help="the conversations' seeds, comma-separated")  # fmt: skip
     parser.add_argument("--teacher-only", action="store_true",
                         help="make (or extend) the cached teacher data, then stop")  # fmt: skip
     args = parser.parse_args()
@@ -510,7 +510,7 @@ def main() -> None:
         head_size=args.head_size,
         lr=args.lr,
         chat_requests=args.chat_requests,
-        chat_seed=args.chat_seed,
+        chat_seeds=tuple(int(seed) for seed in args.chat_seeds.split(",")),
     )
     torch.set_num_threads(args.threads)
     torch.manual_seed(recipe.seed)
@@ -524,10 +524,20 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "heldout.json").write_text(json.dumps({"prompts": heldout}, indent=1) + "\n")
     teacher = Teacher(MODEL_DIR)
-    chats_file = args.data_dir / f"chat_requests_seed{recipe.chat_seed}.json"
-    chats = chat_prompts(recipe, teacher, tokenizer, chats_file)
+    chats = [
+        chat
+        for seed in recipe.chat_seeds
+        for chat in chat_prompts(
+            recipe, teacher, tokenizer, seed, args.data_dir / f"chat_requests_seed{seed}.json"
+        )
+    ]
     docs = encode_prompts(tokenizer, train_prompts, recipe.max_prompt_tokens)
-    written = encode_prompts(tokenizer, chats, recipe.max_chat_tokens)
+    # A request two seeds both composed is asked once.
+    written = list(
+        {
+            tuple(ids): ids for ids in encode_prompts(tokenizer, chats, recipe.max_chat_tokens)
+        }.values()
+    )
     # The written chats first: the teacher answers them before the documentation prompts
     # left, and the validation answers (the first ``num_val_sequences``) are chats.
     prompts = written + docs
