@@ -77,6 +77,21 @@ def step_ms(runners: dict[str, ModelRunner], context: int, repeats: int) -> dict
     return {name: sorted(t)[len(t) // 2] * 1000 for name, t in times.items()}
 
 
+def fixed_k_stack(target: Path, draft: Path, spec: dict) -> Stack:
+    """The stack proposing ``spec``'s K on every step: no confidence cut, and no speculation
+    gate holding a request back at K = 0 where speculation would not pay."""
+    return Stack(
+        StackConfig(
+            target_model=str(target),
+            draft_model=str(draft),
+            speculative_config=json.dumps(spec),
+            draft_p_min=0.0,
+            speculative_gate="off",
+            port=0,
+        )
+    )
+
+
 def stack_acceptance(
     target: Path,
     draft: Path,
@@ -91,15 +106,8 @@ def stack_acceptance(
     spec = {"num_speculative_tokens": k}
     if any(lookup):
         spec.update(prompt_lookup_min=lookup[0], prompt_lookup_max=lookup[1])
-    config = StackConfig(
-        target_model=str(target),
-        draft_model=str(draft),
-        speculative_config=json.dumps(spec),
-        draft_p_min=0.0,  # K proposals on every step, whatever the draft's confidence
-        port=0,
-    )
     params = GenerateParams(max_tokens=new_tokens)
-    with Stack(config) as stack, CoordinatorClient(stack.address) as client:
+    with fixed_k_stack(target, draft, spec) as stack, CoordinatorClient(stack.address) as client:
         outs = [client.generate([{"role": "user", "content": q}], params) for q in questions]
     return {
         "generated_tokens": sum(len(o.token_ids) for o in outs),
@@ -116,19 +124,13 @@ def general_chat_acceptance(target: Path, draft: Path, k: int, new_tokens: int) 
     on every step (no confidence cut, no prompt lookup), each prompt alone: greedy, then
     sampled at T = 0.7 (seeded by its index, so a rerun draws the same)."""
     prompts = json.loads(GENERAL_CHAT.read_text())["prompts"]
-    config = StackConfig(
-        target_model=str(target),
-        draft_model=str(draft),
-        speculative_config=json.dumps({"num_speculative_tokens": k}),
-        draft_p_min=0.0,
-        port=0,
-    )
+    spec = {"num_speculative_tokens": k}
     modes = {
         "greedy": lambda i: GenerateParams(max_tokens=new_tokens),
         "t0.7": lambda i: GenerateParams(max_tokens=new_tokens, temperature=0.7, seed=i),
     }
     result: dict = {"num_prompts": len(prompts), "k": k, "new_tokens": new_tokens}
-    with Stack(config) as stack, CoordinatorClient(stack.address) as client:
+    with fixed_k_stack(target, draft, spec) as stack, CoordinatorClient(stack.address) as client:
         for mode, params in modes.items():
             by_category: dict[str, list] = {}
             for i, p in enumerate(prompts):
