@@ -2,7 +2,8 @@
 
 A request is a pattern of its category (the categories people ask a chat model about:
 writing, roleplay, reasoning, math, coding, extraction, STEM, humanities, advice, everyday
-life) with its slots filled from hand-written lists, random numbers, names and dates, and
+life; from ``MORE_FROM_SEED`` on, also the wider set in ``more_chat_patterns``) with its
+slots filled from hand-written lists, random numbers, names and dates, and
 sometimes an opening or a closing phrase ("Can you ...", "... Keep it short."). Requests
 with the same first eight words count as one. Every ``multi_turn_every``-th becomes a
 two-turn conversation (the target's own answer, then a follow-up from a hand-written
@@ -19,6 +20,18 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable
+
+from more_chat_patterns import (
+    MORE_FOLLOW_UPS,
+    MORE_FROM_SEED,
+    MORE_HUMANITIES,
+    MORE_PATTERNS,
+    MORE_PEOPLE,
+    MORE_STEM,
+    MORE_SYSTEM_PROMPTS,
+    MORE_THINGS,
+    more_slots,
+)
 
 CITIES = ("Lisbon", "Osaka", "Toronto", "Nairobi", "Lima", "Oslo", "Melbourne", "Prague",
           "Denver", "Chennai", "Cairo", "Dublin", "Seoul", "Mexico City", "Hamburg")  # fmt: skip
@@ -328,10 +341,32 @@ def slots(rng: random.Random) -> dict[str, object]:
     }  # fmt: skip
 
 
-def compose(rng: random.Random) -> str:
-    """One request: a category, one of its patterns filled in, maybe an opening or closing."""
-    pattern = rng.choice(PATTERNS[rng.choice(list(PATTERNS))])
-    request = pattern.format(**slots(rng))
+def wider_slots(rng: random.Random) -> dict[str, object]:
+    """The slots of both sets, the first set's topic lists widened by the second's."""
+    filled = slots(rng) | more_slots(rng)
+    others = [name for name in NAMES if name not in (filled["name"], filled["name2"])]
+    filled.update(
+        thing=rng.choice(THINGS + MORE_THINGS),
+        stem=rng.choice(STEM_TOPICS + MORE_STEM),
+        hist=rng.choice(HUMANITIES_TOPICS + MORE_HUMANITIES),
+        person=rng.choice(PEOPLE + MORE_PEOPLE),
+        name3=rng.choice(others),
+    )
+    return filled
+
+
+WIDER_PATTERNS = {
+    category: PATTERNS.get(category, ()) + MORE_PATTERNS.get(category, ())
+    for category in PATTERNS | MORE_PATTERNS
+}
+
+
+def compose(rng: random.Random, wider: bool = False) -> str:
+    """One request: a category, one of its patterns filled in, maybe an opening or closing
+    (``wider``: from both pattern sets)."""
+    patterns = WIDER_PATTERNS if wider else PATTERNS
+    pattern = rng.choice(patterns[rng.choice(list(patterns))])
+    request = pattern.format(**(wider_slots(rng) if wider else slots(rng)))
     return rng.choice(OPENINGS) + request + rng.choice(CLOSINGS)
 
 
@@ -340,13 +375,13 @@ def near_copy_key(text: str) -> str:
     return " ".join(re.findall(r"[a-z0-9]+", text.lower())[:8])
 
 
-def compose_requests(rng: random.Random, count: int) -> list[str]:
+def compose_requests(rng: random.Random, count: int, wider: bool = False) -> list[str]:
     """``count`` distinct requests (fewer if the patterns run out: 50 tries each at most)."""
     kept: dict[str, str] = {}
     for _ in range(50 * count):
         if len(kept) >= count:
             break
-        request = compose(rng)
+        request = compose(rng, wider)
         kept.setdefault(near_copy_key(request), request)
     return list(kept.values())
 
@@ -360,9 +395,14 @@ def build_chats(
     system_every: int = 5,
 ) -> list[list[dict[str, str]]]:
     """``count`` conversations (or fewer, see `compose_requests`) ending in a user turn; the
-    target answers the first turn of the two-turn ones (greedy)."""
+    target answers the first turn of the two-turn ones (greedy). Seeds from
+    ``MORE_FROM_SEED`` on draw from both pattern sets and their follow-ups and system
+    prompts."""
     rng = random.Random(seed)
-    chats = [[{"role": "user", "content": r}] for r in compose_requests(rng, count)]
+    wider = seed >= MORE_FROM_SEED
+    follow_ups = FOLLOW_UPS + MORE_FOLLOW_UPS if wider else FOLLOW_UPS
+    system_prompts = SYSTEM_PROMPTS + MORE_SYSTEM_PROMPTS if wider else SYSTEM_PROMPTS
+    chats = [[{"role": "user", "content": r}] for r in compose_requests(rng, count, wider)]
     multi = [c for i, c in enumerate(chats) if i % multi_turn_every == multi_turn_every - 1]
     for start in range(0, len(multi), batch):
         group = multi[start : start + batch]
@@ -371,9 +411,9 @@ def build_chats(
             if answer.strip():
                 chat += [
                     {"role": "assistant", "content": answer.strip()},
-                    {"role": "user", "content": rng.choice(FOLLOW_UPS)},
+                    {"role": "user", "content": rng.choice(follow_ups)},
                 ]
     for i, chat in enumerate(chats):
         if i % system_every == system_every - 1:
-            chat.insert(0, {"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
+            chat.insert(0, {"role": "system", "content": rng.choice(system_prompts)})
     return chats

@@ -94,8 +94,9 @@ class Recipe:
     # one carries the target's first answer, hence the larger bound.
     chat_requests: int = 8000
     # The conversations' seeds, each its own set of ``chat_requests`` (0: the first chat
-    # run's; 1: the second's; 1 and 2: the third's, which kept the second's answers).
-    chat_seeds: tuple[int, ...] = (1, 2)
+    # run's; 1: the second's; 1 and 2: the third's, which kept the second's answers; 1, 2
+    # and 3, the first from both pattern sets: the fourth's).
+    chat_seeds: tuple[int, ...] = (1, 2, 3)
     max_chat_tokens: int = 320
     chat_repeat: int = 2  # each written chat's answer this many times per epoch
     gen_batch: int = 128

@@ -15,11 +15,14 @@ from chat_requests import (
     FOLLOW_UPS,
     PATTERNS,
     SYSTEM_PROMPTS,
+    WIDER_PATTERNS,
     build_chats,
     compose_requests,
     near_copy_key,
     slots,
+    wider_slots,
 )
+from more_chat_patterns import MORE_FOLLOW_UPS, MORE_FROM_SEED, MORE_SYSTEM_PROMPTS
 from train_draft import Recipe
 
 EVALUATION_SET = Path(__file__).resolve().parent.parent / "bench" / "prompts" / "general_chat.json"
@@ -59,20 +62,34 @@ def test_conversations_are_distinct_requests_some_two_turn_some_with_a_system_pr
     assert writer.calls == [(10, 0.0, FIRST_ANSWER_TOKENS)]
 
 
-def test_every_pattern_fills_and_every_category_is_drawn():
+def test_later_seeds_draw_from_both_pattern_sets_with_more_follow_ups_and_system_prompts():
+    chats = build_chats(ScriptedWriter(), seed=MORE_FROM_SEED, count=400, batch=64)
+    follow_ups = {c[-1]["content"] for i, c in enumerate(chats) if i % 4 == 3}
+    systems = {c[0]["content"] for i, c in enumerate(chats) if i % 5 == 4}
+    assert follow_ups & set(MORE_FOLLOW_UPS) and follow_ups <= set(FOLLOW_UPS + MORE_FOLLOW_UPS)
+    assert systems & set(MORE_SYSTEM_PROMPTS)
+    assert systems <= set(SYSTEM_PROMPTS + MORE_SYSTEM_PROMPTS)
+    earlier = build_chats(ScriptedWriter(), seed=MORE_FROM_SEED - 1, count=400, batch=64)
+    assert {c[-1]["content"] for i, c in enumerate(earlier) if i % 4 == 3} <= set(FOLLOW_UPS)
+
+
+@pytest.mark.parametrize(
+    ("patterns", "fill", "wider"), [(PATTERNS, slots, False), (WIDER_PATTERNS, wider_slots, True)]
+)
+def test_every_pattern_fills_and_every_category_is_drawn(patterns, fill, wider):
     rng = random.Random(1)
-    for patterns in PATTERNS.values():
-        for pattern in patterns:
-            filled = pattern.format(**slots(rng))
+    for category in patterns.values():
+        for pattern in category:
+            filled = pattern.format(**fill(rng))
             assert "{" not in filled and "}" not in filled, pattern
     fields = {
-        f for ps in PATTERNS.values() for p in ps for _, f, _, _ in string.Formatter().parse(p)
+        f for ps in patterns.values() for p in ps for _, f, _, _ in string.Formatter().parse(p)
     }
-    assert fields - {None} <= set(slots(rng))
-    requests = compose_requests(random.Random(0), 2000)
+    assert fields - {None} <= set(fill(rng))
+    requests = compose_requests(random.Random(0), 2000, wider)
     assert len(requests) == 2000
     # Each category's patterns start in their own ways; every category shows up.
-    starts = {c: {p.split("{")[0][:12] for p in ps} for c, ps in PATTERNS.items()}
+    starts = {c: {p.split("{")[0][:12] for p in ps} for c, ps in patterns.items()}
     for category, prefixes in starts.items():
         assert any(any(p and p in r for p in prefixes) for r in requests), category
 
@@ -88,7 +105,8 @@ def test_no_trained_request_is_close_to_an_evaluation_prompt(seed):
     (Patterns written from memory of the evaluation set reached 1.0 before they were
     removed.)"""
     evaluation = [p["content"] for p in json.loads(EVALUATION_SET.read_text())["prompts"]]
-    requests = [words(r) for r in compose_requests(random.Random(seed), Recipe.chat_requests)]
+    composed = compose_requests(random.Random(seed), Recipe.chat_requests, seed >= MORE_FROM_SEED)
+    requests = [words(r) for r in composed]
     for prompt in evaluation:
         ours = words(prompt)
         closest = max(len(ours & r) / len(ours | r) for r in requests)
