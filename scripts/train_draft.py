@@ -534,11 +534,8 @@ def main() -> None:
     ]
     docs = encode_prompts(tokenizer, train_prompts, recipe.max_prompt_tokens)
     # A request two seeds both composed is asked once.
-    written = list(
-        {
-            tuple(ids): ids for ids in encode_prompts(tokenizer, chats, recipe.max_chat_tokens)
-        }.values()
-    )
+    encoded = encode_prompts(tokenizer, chats, recipe.max_chat_tokens)
+    written = list({tuple(ids): ids for ids in encoded}.values())
     # The written chats first: the teacher answers them before the documentation prompts
     # left, and the validation answers (the first ``num_val_sequences``) are chats.
     prompts = written + docs
