@@ -3,6 +3,7 @@ place of the target."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -71,6 +72,16 @@ def test_later_seeds_draw_from_both_pattern_sets_with_more_follow_ups_and_system
     assert systems <= set(SYSTEM_PROMPTS + MORE_SYSTEM_PROMPTS)
     earlier = build_chats(ScriptedWriter(), seed=MORE_FROM_SEED - 1, count=400, batch=64)
     assert {c[-1]["content"] for i, c in enumerate(earlier) if i % 4 == 3} <= set(FOLLOW_UPS)
+
+
+@pytest.mark.parametrize(
+    ("seed", "digest"), [(0, "0f1b5eef17ce"), (1, "20769ebb181a"), (2, "a49eac24fdd4")]
+)
+def test_the_seeds_of_the_runs_on_record_compose_as_they_did(seed, digest):
+    """Runs 4-6 trained on seeds 0-2; the wider set (from ``MORE_FROM_SEED``) leaves them
+    as they were, so those runs can be redone."""
+    requests = compose_requests(random.Random(seed), Recipe.chat_requests)
+    assert hashlib.sha1(json.dumps(requests).encode()).hexdigest()[:12] == digest
 
 
 @pytest.mark.parametrize(
