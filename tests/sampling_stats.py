@@ -14,7 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from scipy.stats import chi2
+from scipy.stats import chi2, poisson
+
+# Chi-square's tail is far too thin for a category expected only a few times (4 draws where
+# 0.43 are expected scores 6e-8, where their chance is 1e-3): such categories are pooled
+# and their count gets the Poisson tail of a sum of rare independent draws.
+SPARSE_COUNT = 5.0
 
 
 def rank_categories(
@@ -68,8 +73,10 @@ def repeat_categories(
 def categorical_fit_pvalue(expected: np.ndarray, observed: np.ndarray) -> float:
     """p-value of observed categories ``[N]`` under per-sample probabilities ``[N, B]``.
 
-    Categories no sample can fall in are dropped, then the last remaining one (the counts
-    sum to N, so one category is redundant).
+    Categories no sample can fall in are dropped. Those expected fewer than
+    ``SPARSE_COUNT`` times are pooled; if the pool is still sparse, its count is tested
+    against the Poisson upper tail, the rest (the pool merged into the likeliest
+    category) by chi-square, and the smaller p-value doubled (Bonferroni).
     """
     expected = expected / expected.sum(-1, keepdims=True)
     num_bins = expected.shape[1]
@@ -77,7 +84,31 @@ def categorical_fit_pvalue(expected: np.ndarray, observed: np.ndarray) -> float:
     live = expected.sum(0) > 1e-12
     if counts[~live].any():
         return 0.0  # a sample fell where the exact distribution has no mass
-    expected, counts = expected[:, live][:, :-1], counts[live][:-1]
+    expected, counts = expected[:, live], counts[live]
+    sparse = expected.sum(0) < SPARSE_COUNT
+    if not sparse.any():
+        return chi_square_pvalue(expected, counts)
+    pool, pool_count = expected[:, sparse].sum(-1, keepdims=True), counts[sparse].sum()
+    expected = np.concatenate([expected[:, ~sparse], pool], axis=-1)
+    counts = np.append(counts[~sparse], pool_count)
+    if pool.sum() >= SPARSE_COUNT:
+        return chi_square_pvalue(expected, counts)
+    tail = float(poisson.sf(pool_count - 1, pool.sum()))
+    dense = expected[:, :-1]
+    if dense.shape[1] == 0:
+        return tail
+    likeliest = int(dense.sum(0).argmax())
+    dense[:, likeliest] += pool[:, 0]
+    dense_counts = counts[:-1].copy()
+    dense_counts[likeliest] += pool_count
+    return min(1.0, 2.0 * min(tail, chi_square_pvalue(dense, dense_counts)))
+
+
+def chi_square_pvalue(expected: np.ndarray, counts: np.ndarray) -> float:
+    """Mahalanobis distance of ``counts`` ``[B]`` from their mean under ``expected``
+    ``[N, B]`` (rows summing to 1), chi-square with B - 1 degrees of freedom (the last
+    category is dropped: the counts sum to N)."""
+    expected, counts = expected[:, :-1], counts[:-1]
     if expected.shape[1] == 0:
         return 1.0
     mean = expected.sum(0)
