@@ -33,7 +33,9 @@ One reproducible recipe (fixed seeds; config, package versions and timings logge
 Usage: ``python scripts/train_draft.py [--gen-minutes 40] [--train-minutes 55] [--num-layers 6]``.
 ``--init-from DIR`` trains a draft saved before further (its layers and head as they are) on
 all the teacher data, the cached answers plus those this run adds, with a fresh warm-up and
-cosine schedule to ``--lr``; ``train_log.json`` records the run it continues.
+cosine schedule to ``--lr``; ``train_log.json`` records the run it continues. With
+``--rerank-head`` its head's ids are chosen afresh from this run's answers (the rows of the
+ids it keeps stay as trained, a new id's row starts from its embedding row).
 """
 
 from __future__ import annotations
@@ -107,6 +109,9 @@ class Recipe:
     gen_minutes: float = 40.0
     num_layers: int = 6
     head_size: int = 6144
+    # With ``--init-from``: choose the head's ids afresh from this run's answers (rows of
+    # the ids it keeps stay as trained) instead of keeping the continued draft's.
+    rerank_head: bool = False
     num_val_sequences: int = 16
     batch_tokens: int = 4096
     lr: float = 6e-4  # peak; a continued draft (``--init-from``) warms up again to it
@@ -486,6 +491,9 @@ def main() -> None:
                         help="ids the head scores; with --init-from, a larger size grows the "
                         "draft's head by the answers' most frequent ids it lacks, a smaller "
                         "one keeps its most frequent")  # fmt: skip
+    parser.add_argument("--rerank-head", action="store_true",
+                        help="with --init-from, the head's --head-size ids most frequent in "
+                        "this run's answers (rows of the ids kept stay trained)")  # fmt: skip
     parser.add_argument("--lr", type=float, default=Recipe.lr)
     parser.add_argument("--init-from", type=Path, default=None,
                         help="continue training the draft saved in this folder (its layers and "
@@ -509,6 +517,7 @@ def main() -> None:
         gen_batch=args.gen_batch,
         num_layers=args.num_layers,
         head_size=args.head_size,
+        rerank_head=args.rerank_head,
         lr=args.lr,
         chat_requests=args.chat_requests,
         chat_seeds=tuple(int(seed) for seed in args.chat_seeds.split(",")),
@@ -568,13 +577,16 @@ def main() -> None:
     if args.init_from:
         config, model, layers, previous = load_draft(args.init_from, target)
         head_ids = config["head_token_ids"]
-        if recipe.head_size > len(head_ids):  # grown by the most frequent ids it lacks
+        if recipe.rerank_head:
+            head_ids = head_token_ids(train_seqs, recipe.head_size, special)
+        elif recipe.head_size > len(head_ids):  # grown by the most frequent ids it lacks
             head_ids = head_token_ids(train_seqs, recipe.head_size, special, keep=head_ids)
         elif recipe.head_size < len(head_ids):  # trimmed to its most frequent ids
             head_ids = head_token_ids(train_seqs, recipe.head_size, special, among={*head_ids})
         if head_ids != config["head_token_ids"]:
+            kept = len(set(head_ids) & set(config["head_token_ids"]))
             resize_head(model, config, target, head_ids)
-            log(f"head resized to {len(head_ids)} ids")
+            log(f"head now {len(head_ids)} ids, {kept} of them kept")
         log(f"continuing {args.init_from}: layers {layers}, best {previous['train']['best']}")
     else:
         target_config = json.loads((MODEL_DIR / "config.json").read_text())
