@@ -26,6 +26,28 @@ class SampleOutput:
             self.logprobs = (self.logprobs or []) + delta.logprobs
 
 
+class InIndexOrder:
+    """A non-streamed request's sample completes, let go in index order: the gateway numbers
+    such a request's choices in the order their completes arrive, so a sample that ends
+    before one of lower index waits for it (else the same seeded call could come back with
+    its choices swapped)."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[int, vllm_engine_pb2.GenerateResponse] = {}
+        self.next_index = 0
+
+    def release(
+        self, index: int, complete: vllm_engine_pb2.GenerateResponse
+    ) -> list[vllm_engine_pb2.GenerateResponse]:
+        """``complete`` (sample ``index``'s) is ready; the completes now due, in order."""
+        self.waiting[index] = complete
+        due = []
+        while self.next_index in self.waiting:
+            due.append(self.waiting.pop(self.next_index))
+            self.next_index += 1
+        return due
+
+
 class StopStrings:
     """Finds the first stop string in a growing output. ``update`` takes the new token ids
     and returns how many of them to keep: all when no stop string is complete, else up to

@@ -35,6 +35,7 @@ from specdec.coordinator.api.output_stream import caller_scope, status_code
 from specdec.coordinator.api.prompts import PromptEncoder
 from specdec.coordinator.api.samples import run_samples, sample_requests
 from specdec.coordinator.api.vllm_outputs import (
+    InIndexOrder,
     SampleOutput,
     StopStrings,
     input_logprobs,
@@ -205,6 +206,7 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
         except SpecDecError as e:
             await context.abort(status_code(e), str(e))
         outputs: list[SampleOutput] = [SampleOutput() for _ in samples]
+        in_order = InIndexOrder()
         ended: set[int] = set()
         async for index, out in run_samples(self.engine, samples, context, ended):
             sample, output, stop = samples[index], outputs[index], stops[index]
@@ -232,7 +234,9 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
                 # sends them; the gateway keeps the streamed ones.
                 # Streamed, the prompt's logprobs went with the first chunk.
                 last = SampleOutput(delta.token_ids, delta.logprobs) if request.stream else output
-                yield self._complete(sample, index, last, finish, stop)
+                complete = self._complete(sample, index, last, finish, stop)
+                for message in [complete] if request.stream else in_order.release(index, complete):
+                    yield message
                 ended.add(index)  # a stop string: that frees its KV
                 if len(ended) == len(samples):
                     break

@@ -14,7 +14,12 @@ from tokenizers import Tokenizer
 
 from specdec.config import TINY_TARGET
 from specdec.coordinator.api.prompts import PromptEncoder
-from specdec.coordinator.api.vllm_outputs import StopStrings, input_logprobs, output_logprobs
+from specdec.coordinator.api.vllm_outputs import (
+    InIndexOrder,
+    StopStrings,
+    input_logprobs,
+    output_logprobs,
+)
 from specdec.coordinator.api.vllm_worker import (
     request_from_proto,
     tokenizer_archive,
@@ -225,3 +230,14 @@ def test_logprobs_map_onto_the_gateways_messages():
     assert not prompt.token_logprobs[0].HasField("value")
     assert [t.value for t in prompt.token_logprobs[1:]] == [-0.5, -2.0]
     assert list(prompt.token_ids) == [9, 7, 4] and len(prompt.top_logprobs) == 3
+
+
+def test_non_streamed_completes_leave_in_the_order_of_their_samples():
+    def complete(index: int) -> pb.GenerateResponse:
+        return pb.GenerateResponse(complete=pb.GenerateComplete(index=index))
+
+    order = InIndexOrder()
+    sent = [order.release(i, complete(i)) for i in (2, 0, 3, 1)]
+    indices = [[m.complete.index for m in batch] for batch in sent]
+    # Sample 2 ends first and waits for 0 and 1; 3 waits for 1.
+    assert indices == [[], [0], [], [1, 2, 3]]
