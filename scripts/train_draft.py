@@ -531,8 +531,6 @@ def main() -> None:
     train_prompts, heldout = build_prompts(
         recipe.seed, recipe.heldout_every, recipe.num_heldout_prompts
     )
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "heldout.json").write_text(json.dumps({"prompts": heldout}, indent=1) + "\n")
     teacher = Teacher(MODEL_DIR)
     chats = [
         chat
@@ -560,6 +558,8 @@ def main() -> None:
     if args.teacher_only:
         log(f"teacher data kept in {args.data_dir}; stopping before training (--teacher-only)")
         return
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "heldout.json").write_text(json.dumps({"prompts": heldout}, indent=1) + "\n")
     val_data, train_seqs = data[: recipe.num_val_sequences], data[recipe.num_val_sequences :]
     chat_set = {tuple(ids) for ids in written}
     train_chats = [s for s in train_seqs if tuple(s.token_ids[: s.prompt_len]) in chat_set]

@@ -3,9 +3,10 @@
 One reproducible recipe (fixed seeds; config, package versions and timings logged to
 ``<out>/train_log.json``):
 
-1. Teacher data: ``train_draft.py``'s cache (``--data-dir``/teacher.pt): documentation
-   prompts and conversations the target wrote for itself, its greedy and sampled answers,
-   its top-k next-token log-probs at every position (``train_draft.py --teacher-only``).
+1. Teacher data: ``train_draft.py``'s cache (``--data-dir``/teacher.pt): conversations
+   composed from hand-written patterns (``chat_requests``; ``--chat-seeds`` picks which)
+   and documentation prompts, the target's greedy and sampled answers, its top-k next-token
+   log-probs at every position (``train_draft.py --teacher-only``).
 2. Features: the target's final hidden state at every position of every sequence, one
    causal bfloat16 pass (``draft_teacher.Teacher``), cached beside it (``features.pt``).
 3. Draft (``feature_draft``): one layer initialised from the target's last, ``fc`` the sum
@@ -67,8 +68,8 @@ class Recipe:
     lr: float = 1e-3
     train_minutes: float = 60.0
     val_every: int = 50  # one teacher sequence in N is held out
-    # The conversations the target wrote for itself (closest to what users ask, and a
-    # seventh of the prompts) come this many times per epoch.
+    # The written conversations (closest to what users ask) come this many times per epoch
+    # where documentation answers share the teacher data.
     chat_repeat: int = 3
     num_val_sequences: int = 96
     k: int = 5
@@ -352,7 +353,9 @@ def main() -> None:
     val_ids = greedy[:: recipe.val_every][: recipe.num_val_sequences]
     held = set(val_ids)
     tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR, local_files_only=True)
-    chats = json.loads((args.data_dir / "chat_requests.json").read_text())
+    # Every set of conversations the teacher cache answers (``chat_requests_seed<N>.json``).
+    chats = [chat for path in sorted(args.data_dir.glob("chat_requests*.json"))
+             for chat in json.loads(path.read_text())]  # fmt: skip
     chat_prompts = {tuple(encode_chat(tokenizer, chat)) for chat in chats}
     is_chat = [tuple(s.token_ids[: s.prompt_len]) in chat_prompts for s in data]
     train_ids = [n for n in range(len(data)) if n not in held]
