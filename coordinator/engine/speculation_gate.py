@@ -23,10 +23,16 @@ quote of the prompt) gets the draft back; each probe that does not pay doubles t
 before the next, up to ``max_probe_interval`` (a probe costs the draft's catch-up and two
 steps that lose). It probes only where a step with every proposal accepted (K + 1 tokens)
 would beat plain decoding by ``probe_margin``: on a host where even that barely pays, no
-text can make speculation worth its probes. Steps with prefill chunks, and those in which
-the draft catches up on a log it ingested lazily, time neither rate. What a request
-commits never depends on its K except for a seeded sampled one, whose K the scheduler
-keeps fixed; the gate leaves those alone.
+text can make speculation worth its probes. Only speculative steps time a speculative step,
+so once every request is gated off that figure stays as it was while plain decoding's moves
+on; where the host's speed has moved since (plain decoding's per-token time more than
+``drift`` times, either way, from what it was when a speculative step was last timed), the
+figure no longer says what a step costs now: a request whose wait is over probes whatever
+the margin, and its steps time the figure afresh (a shared VM that ran slowly while the
+gate warmed up would otherwise keep speculation off for good). Steps with prefill chunks,
+and those in which the draft catches up on a log it ingested lazily, time neither rate.
+What a request commits never depends on its K except for a seeded sampled one, whose K
+the scheduler keeps fixed; the gate leaves those alone.
 """
 
 from __future__ import annotations
@@ -68,6 +74,10 @@ class RecentMedians:
     def get(self, batch_size: int) -> float | None:
         return self._medians.get(batch_size)
 
+    def clear(self, batch_size: int) -> None:
+        self._values.pop(batch_size, None)
+        self._medians.pop(batch_size, None)
+
 
 @dataclass
 class SpeculationGate:
@@ -76,6 +86,7 @@ class SpeculationGate:
     max_probe_interval: int = MAX_PROBE_INTERVAL
     probe_steps: int = 2
     probe_margin: float = 1.25
+    drift: float = 1.25
     smoothing: float = 0.25
     window: int = 16
     tokens_per_step: float | None = field(default=None, init=False)  # every request's
@@ -84,6 +95,8 @@ class SpeculationGate:
     num_probes: int = field(default=0, init=False)  # probes it started
     spec_step_seconds: RecentMedians = field(init=False)
     plain_token_seconds: RecentMedians = field(init=False)
+    # Per batch size, plain decoding's per-token time when a speculative step was last timed.
+    _plain_at_spec: dict[int, float] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.spec_step_seconds = RecentMedians(self.window)
@@ -105,13 +118,25 @@ class SpeculationGate:
             record.probe_after = self.probe_interval
             return True
         wait = record.probe_after or self.probe_interval
-        if record.plain_tokens >= wait and (k + 1) * plain > self.probe_margin * spec:
-            record.probe_left, record.plain_tokens = self.probe_steps, 0
-            record.probe_after = min(2 * wait, self.max_probe_interval)
-            self.num_probes += 1
-            return True
-        self.num_held_back += 1
-        return False
+        if record.plain_tokens < wait:
+            self.num_held_back += 1
+            return False
+        if self._drifted(batch_size, plain):
+            self.spec_step_seconds.clear(batch_size)  # this probe's steps time it afresh
+            self._plain_at_spec.pop(batch_size, None)
+        elif (k + 1) * plain <= self.probe_margin * spec:
+            self.num_held_back += 1
+            return False
+        record.probe_left, record.plain_tokens = self.probe_steps, 0
+        record.probe_after = min(2 * wait, self.max_probe_interval)
+        self.num_probes += 1
+        return True
+
+    def _drifted(self, batch_size: int, plain: float) -> bool:
+        """Whether plain decoding's per-token time moved more than ``drift`` times since
+        a speculative step was last timed at this batch size."""
+        then = self._plain_at_spec.get(batch_size)
+        return then is not None and max(plain / then, then / plain) > self.drift
 
     def observe_speculative(
         self, records: list[tuple[GateRecord, int]], batch_size: int, seconds: float | None
@@ -126,6 +151,9 @@ class SpeculationGate:
             record.probe_left = max(record.probe_left - 1, 0)
         if seconds is not None:
             self.spec_step_seconds.add(batch_size, seconds)
+            plain = self.plain_token_seconds.get(batch_size)
+            if plain is not None:
+                self._plain_at_spec[batch_size] = plain
 
     def observe_plain(
         self, records: list[tuple[GateRecord, int]], batch_size: int, seconds: float | None
@@ -137,6 +165,9 @@ class SpeculationGate:
         forwards = max((committed for _, committed in records), default=0)
         if seconds is not None and forwards:
             self.plain_token_seconds.add(batch_size, seconds / forwards)
+            if self.spec_step_seconds.get(batch_size) is not None:
+                # Speculative steps timed before plain decoding was: they date from now.
+                self._plain_at_spec.setdefault(batch_size, self.plain_token_seconds.get(batch_size))
 
     def _smooth(self, last: float | None, value: float) -> float:
         """The running average: the first value as it is, then each moving it a share."""

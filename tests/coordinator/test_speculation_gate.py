@@ -106,3 +106,27 @@ def test_no_probes_where_even_every_proposal_accepted_would_barely_pay():
         record = warmed(gate, 1, 0.018, 0.005)
         gate.observe_plain([(record, 1000)], 1, None)
         assert gate.allows(record, 1, k) is probes
+
+
+def test_a_host_that_speeds_up_after_the_warm_up_gets_speculation_back():
+    # Warmed up while the host ran slowly (3 tokens a 60 ms step against 20 ms a token),
+    # the request is gated off; then the host runs 2.5 times faster. Against the warm-up's
+    # step time a step with every proposal accepted (7 tokens at 8 ms) would not clear the
+    # probe margin, and only a speculative step times a speculative step: without the
+    # drift rule speculation would stay off for good.
+    gate = SpeculationGate(probe_interval=16)
+    record = warmed(gate, 3, 0.060, 0.020)
+    assert not gate.allows(record, 1, K)
+    for _ in range(16):  # plain decoding's window, now all timed on the faster host
+        gate.observe_plain([(record, 8)], 1, 8 * 0.008)
+    assert gate.allows(record, 1, K)  # a probe, whatever the margin
+    assert gate.spec_step_seconds.get(1) is None  # its steps time the figure afresh
+    for _ in range(2):
+        gate.observe_speculative([(record, 7)], 1, 0.020)
+    assert all(gate.allows(record, 1, K) for _ in range(5))
+    # Where the host kept its speed, the margin rule stands: no probe.
+    gate = SpeculationGate(probe_interval=16)
+    record = warmed(gate, 3, 0.060, 0.008)
+    for _ in range(16):
+        gate.observe_plain([(record, 8)], 1, 8 * 0.008)
+    assert not gate.allows(record, 1, K)
