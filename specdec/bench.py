@@ -6,9 +6,11 @@ coordinator in front of the same target service. Throughput is generated tokens 
 wall time of the whole batch. `overhead_share_bs1` is the share of the batch-1
 speculative step time spent outside model forward passes (both services' forward time,
 less the draft's beside a verify (work ahead, ingest only), over the coordinator's step
-time). Each figure is the best of two alternating runs. The
-transformers baselines run in a separate process
-(`bench/hf_generate.py`) before the stack starts.
+time). Each figure is the best of two alternating runs. ``host_steal_share`` is the share
+of the host's CPU time its hypervisor gave to other machines while the stack ran (Linux's
+steal time; on a shared VM it can pass 0.3 and halve every figure for minutes). The
+transformers baselines run in a separate process (`bench/hf_generate.py`) before the stack
+starts.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from specdec.launcher import Stack, held_out_prompts
 from specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 
 HF_SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "hf_generate.py"
+PROC_STAT = Path("/proc/stat")
 NUM_BS1_PROMPTS = 4
 REPEATS = 2
 
@@ -54,6 +57,24 @@ def forward_seconds(stack: Stack) -> float:
             )
             total += info.forward_seconds - info.ahead_forward_seconds
     return total
+
+
+def cpu_ticks(stat: Path = PROC_STAT) -> tuple[int, int] | None:
+    """(stolen, all) CPU ticks of every core since boot (Linux's /proc/stat: user, nice,
+    system, idle, iowait, irq, softirq, steal), None where there is no such file."""
+    try:
+        line = stat.read_text().split("\n", 1)[0]
+    except OSError:
+        return None
+    ticks = [int(t) for t in line.split()[1:9]]
+    return (ticks[7] if len(ticks) == 8 else 0), sum(ticks)
+
+
+def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float | None:
+    """The share of the CPU ticks between two ``cpu_ticks()`` that were stolen."""
+    if start is None or end is None or end[1] <= start[1]:
+        return None
+    return round((end[0] - start[0]) / (end[1] - start[1]), 3)
 
 
 def decode_rate(runs: list[tuple[float, list[Completion]]]) -> float:
@@ -174,16 +195,19 @@ def run_bench(config: StackConfig, args: argparse.Namespace) -> int:
     prompts = chat_prompts(args.prompts) if args.prompts else None
     with Stack(config, echo=args.verbose) as stack:
         spec = SpeculativeConfig.from_json(stack.config.speculative_config)
+        ticks = cpu_ticks()
         batch, overhead = measure(
             stack, spec, batch_sizes, args.new_tokens, prompts, args.num_prompts
         )
         gateway = measure_gateway(stack, [1, 4], args.new_tokens) if args.gateway else None
+        stolen = steal_share(ticks, cpu_ticks())
     result = {
         "batch": batch,
         **({"gateway": gateway} if gateway else {}),
         "hf_assisted_tok_s_bs1": hf.get("hf_assisted_tok_s_bs1"),
         "hf_target_only_tok_s_bs1": hf.get("hf_target_only_tok_s_bs1"),
         "overhead_share_bs1": None if overhead is None else round(overhead, 3),
+        "host_steal_share": stolen,
     }
     if args.plot:
         from specdec.bench_plot import plot_bench
@@ -201,7 +225,8 @@ def run_bench(config: StackConfig, args: argparse.Namespace) -> int:
             f"{bs:>5} {row['k']:>3} {row['target_only_tok_s']:>18.1f} {row['spec_tok_s']:>11.1f} "
             f"{speedup:>7.2f}x {row['mean_acceptance_length']:>13.2f} {decode:>33}"
         )
-    for key in ("hf_target_only_tok_s_bs1", "hf_assisted_tok_s_bs1", "overhead_share_bs1"):
+    keys = ("hf_target_only_tok_s_bs1", "hf_assisted_tok_s_bs1", "overhead_share_bs1")
+    for key in (*keys, "host_steal_share"):
         print(f"{key}: {result[key]}")
     for bs, row in (gateway or {}).items():
         print(
