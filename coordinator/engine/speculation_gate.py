@@ -25,11 +25,13 @@ steps that lose). It probes only where a step with every proposal accepted (K + 
 would beat plain decoding by ``probe_margin``: on a host where even that barely pays, no
 text can make speculation worth its probes. Only speculative steps time a speculative step,
 so once every request is gated off that figure stays as it was while plain decoding's moves
-on; where the host's speed has moved since (plain decoding's per-token time more than
-``drift`` times, either way, from what it was when a speculative step was last timed), the
-figure no longer says what a step costs now: a request whose wait is over probes whatever
-the margin, and its steps time the figure afresh (a shared VM that ran slowly while the
-gate warmed up would otherwise keep speculation off for good). Steps with prefill chunks,
+on. Where the host's speed has moved since (plain decoding's per-token time more than
+``drift`` times, either way, from what it was when a speculative step was last timed) and
+plain decoding has run ``max_probe_interval`` forwards at the batch size since, the figure
+no longer says what a step costs now: a request whose wait is over probes whatever the
+margin, and its steps time the figure afresh (a shared VM that ran slowly while the gate
+warmed up would otherwise keep speculation off for good; at most one such probe per
+``max_probe_interval`` plain forwards, where probes lose). Steps with prefill chunks,
 and those in which the draft catches up on a log it ingested lazily, time neither rate.
 What a request commits never depends on its K except for a seeded sampled one, whose K
 the scheduler keeps fixed; the gate leaves those alone.
@@ -95,8 +97,10 @@ class SpeculationGate:
     num_probes: int = field(default=0, init=False)  # probes it started
     spec_step_seconds: RecentMedians = field(init=False)
     plain_token_seconds: RecentMedians = field(init=False)
-    # Per batch size, plain decoding's per-token time when a speculative step was last timed.
+    # Per batch size, plain decoding's per-token time when a speculative step was last
+    # timed, and the plain forwards run since.
     _plain_at_spec: dict[int, float] = field(default_factory=dict, init=False)
+    _plain_since_spec: dict[int, int] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.spec_step_seconds = RecentMedians(self.window)
@@ -121,7 +125,7 @@ class SpeculationGate:
         if record.plain_tokens < wait:
             self.num_held_back += 1
             return False
-        if self._drifted(batch_size, plain):
+        if self._stale(batch_size, plain):
             self.spec_step_seconds.clear(batch_size)  # this probe's steps time it afresh
             self._plain_at_spec.pop(batch_size, None)
         elif (k + 1) * plain <= self.probe_margin * spec:
@@ -132,11 +136,14 @@ class SpeculationGate:
         self.num_probes += 1
         return True
 
-    def _drifted(self, batch_size: int, plain: float) -> bool:
-        """Whether plain decoding's per-token time moved more than ``drift`` times since
-        a speculative step was last timed at this batch size."""
+    def _stale(self, batch_size: int, plain: float) -> bool:
+        """Whether the speculative step time at this batch size is stale: plain decoding's
+        per-token time moved more than ``drift`` times since it was last timed, and plain
+        decoding ran ``max_probe_interval`` forwards since."""
         then = self._plain_at_spec.get(batch_size)
-        return then is not None and max(plain / then, then / plain) > self.drift
+        if then is None or self._plain_since_spec.get(batch_size, 0) < self.max_probe_interval:
+            return False
+        return max(plain / then, then / plain) > self.drift
 
     def observe_speculative(
         self, records: list[tuple[GateRecord, int]], batch_size: int, seconds: float | None
@@ -151,6 +158,7 @@ class SpeculationGate:
             record.probe_left = max(record.probe_left - 1, 0)
         if seconds is not None:
             self.spec_step_seconds.add(batch_size, seconds)
+            self._plain_since_spec[batch_size] = 0
             plain = self.plain_token_seconds.get(batch_size)
             if plain is not None:
                 self._plain_at_spec[batch_size] = plain
@@ -163,6 +171,7 @@ class SpeculationGate:
         for record, committed in records:
             record.plain_tokens += committed
         forwards = max((committed for _, committed in records), default=0)
+        self._plain_since_spec[batch_size] = self._plain_since_spec.get(batch_size, 0) + forwards
         if seconds is not None and forwards:
             self.plain_token_seconds.add(batch_size, seconds / forwards)
             if self.spec_step_seconds.get(batch_size) is not None:

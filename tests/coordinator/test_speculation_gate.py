@@ -114,19 +114,21 @@ def test_a_host_that_speeds_up_after_the_warm_up_gets_speculation_back():
     # step time a step with every proposal accepted (7 tokens at 8 ms) would not clear the
     # probe margin, and only a speculative step times a speculative step: without the
     # drift rule speculation would stay off for good.
-    gate = SpeculationGate(probe_interval=16)
+    gate = SpeculationGate(probe_interval=16, max_probe_interval=128)
     record = warmed(gate, 3, 0.060, 0.020)
     assert not gate.allows(record, 1, K)
-    for _ in range(16):  # plain decoding's window, now all timed on the faster host
+    for _ in range(14):  # plain decoding's window, now timed on the faster host
         gate.observe_plain([(record, 8)], 1, 8 * 0.008)
-    assert gate.allows(record, 1, K)  # a probe, whatever the margin
+    assert not gate.allows(record, 1, K)  # 120 plain forwards since (warm-up's 8): not yet
+    gate.observe_plain([(record, 8)], 1, 8 * 0.008)
+    assert gate.allows(record, 1, K)  # 128: a probe, whatever the margin
     assert gate.spec_step_seconds.get(1) is None  # its steps time the figure afresh
     for _ in range(2):
         gate.observe_speculative([(record, 7)], 1, 0.020)
     assert all(gate.allows(record, 1, K) for _ in range(5))
     # Where the host kept its speed, the margin rule stands: no probe.
-    gate = SpeculationGate(probe_interval=16)
+    gate = SpeculationGate(probe_interval=16, max_probe_interval=128)
     record = warmed(gate, 3, 0.060, 0.008)
-    for _ in range(16):
+    for _ in range(32):
         gate.observe_plain([(record, 8)], 1, 8 * 0.008)
     assert not gate.allows(record, 1, K)
