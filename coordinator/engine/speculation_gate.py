@@ -24,14 +24,12 @@ before the next, up to ``max_probe_interval`` (a probe costs the draft's catch-u
 steps that lose). It probes only where a step with every proposal accepted (K + 1 tokens)
 would beat plain decoding by ``probe_margin``: on a host where even that barely pays, no
 text can make speculation worth its probes. Only speculative steps time a speculative step,
-so once every request is gated off that figure stays as it was while plain decoding's moves
-on. Where the host's speed has moved since (plain decoding's per-token time more than
-``drift`` times, either way, from what it was when a speculative step was last timed) and
-plain decoding has run ``max_probe_interval`` forwards at the batch size since, the figure
-no longer says what a step costs now: a request whose wait is over probes whatever the
-margin, and its steps time the figure afresh (a shared VM that ran slowly while the gate
-warmed up would otherwise keep speculation off for good; at most one such probe per
-``max_probe_interval`` plain forwards, where probes lose). Steps with prefill chunks,
+so once every request is gated off that figure would stand for the life of the process,
+though it may have been taken while the host ran slowly (a shared VM) or on a warm-up's
+steps that paid the draft's catch-up: where no speculative step has been timed at the batch
+size for ``refresh_s`` seconds, the next request whose wait is over probes whatever the
+margin, and the probe's first timed step starts the figure afresh (at most one such probe
+per ``refresh_s``, where probes lose). Steps with prefill chunks,
 and those in which the draft catches up on a log it ingested lazily, time neither rate.
 What a request commits never depends on its K except for a seeded sampled one, whose K
 the scheduler keeps fixed; the gate leaves those alone.
@@ -40,13 +38,17 @@ the scheduler keeps fixed; the gate leaves those alone.
 from __future__ import annotations
 
 import statistics
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # A gated request's first wait before it probes, and the most a run of losing probes
 # doubles it to (plain tokens).
 PROBE_INTERVAL = 32
 MAX_PROBE_INTERVAL = 512
+# Seconds without a timed speculative step after which the gate measures one afresh.
+REFRESH_S = 60.0
 
 
 @dataclass
@@ -88,7 +90,8 @@ class SpeculationGate:
     max_probe_interval: int = MAX_PROBE_INTERVAL
     probe_steps: int = 2
     probe_margin: float = 1.25
-    drift: float = 1.25
+    refresh_s: float = REFRESH_S
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
     smoothing: float = 0.25
     window: int = 16
     tokens_per_step: float | None = field(default=None, init=False)  # every request's
@@ -97,10 +100,10 @@ class SpeculationGate:
     num_probes: int = field(default=0, init=False)  # probes it started
     spec_step_seconds: RecentMedians = field(init=False)
     plain_token_seconds: RecentMedians = field(init=False)
-    # Per batch size, plain decoding's per-token time when a speculative step was last
-    # timed, and the plain forwards run since.
-    _plain_at_spec: dict[int, float] = field(default_factory=dict, init=False)
-    _plain_since_spec: dict[int, int] = field(default_factory=dict, init=False)
+    # Per batch size: when a speculative step was last timed (or a re-measuring probe
+    # started), and whether the next timed one starts the figure afresh.
+    _spec_timed_at: dict[int, float] = field(default_factory=dict, init=False)
+    _fresh_figure: set[int] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
         self.spec_step_seconds = RecentMedians(self.window)
@@ -125,9 +128,9 @@ class SpeculationGate:
         if record.plain_tokens < wait:
             self.num_held_back += 1
             return False
-        if self._stale(batch_size, plain):
-            self.spec_step_seconds.clear(batch_size)  # this probe's steps time it afresh
-            self._plain_at_spec.pop(batch_size, None)
+        if self._stale(batch_size):
+            self._fresh_figure.add(batch_size)
+            self._spec_timed_at[batch_size] = self.clock()  # one re-measuring probe at a time
         elif (k + 1) * plain <= self.probe_margin * spec:
             self.num_held_back += 1
             return False
@@ -136,14 +139,10 @@ class SpeculationGate:
         self.num_probes += 1
         return True
 
-    def _stale(self, batch_size: int, plain: float) -> bool:
-        """Whether the speculative step time at this batch size is stale: plain decoding's
-        per-token time moved more than ``drift`` times since it was last timed, and plain
-        decoding ran ``max_probe_interval`` forwards since."""
-        then = self._plain_at_spec.get(batch_size)
-        if then is None or self._plain_since_spec.get(batch_size, 0) < self.max_probe_interval:
-            return False
-        return max(plain / then, then / plain) > self.drift
+    def _stale(self, batch_size: int) -> bool:
+        """No speculative step was timed at this batch size for ``refresh_s`` seconds."""
+        timed = self._spec_timed_at.get(batch_size)
+        return timed is not None and self.clock() - timed > self.refresh_s
 
     def observe_speculative(
         self, records: list[tuple[GateRecord, int]], batch_size: int, seconds: float | None
@@ -157,11 +156,11 @@ class SpeculationGate:
             record.plain_tokens = 0
             record.probe_left = max(record.probe_left - 1, 0)
         if seconds is not None:
+            if batch_size in self._fresh_figure:
+                self._fresh_figure.discard(batch_size)
+                self.spec_step_seconds.clear(batch_size)
             self.spec_step_seconds.add(batch_size, seconds)
-            self._plain_since_spec[batch_size] = 0
-            plain = self.plain_token_seconds.get(batch_size)
-            if plain is not None:
-                self._plain_at_spec[batch_size] = plain
+            self._spec_timed_at[batch_size] = self.clock()
 
     def observe_plain(
         self, records: list[tuple[GateRecord, int]], batch_size: int, seconds: float | None
@@ -171,12 +170,8 @@ class SpeculationGate:
         for record, committed in records:
             record.plain_tokens += committed
         forwards = max((committed for _, committed in records), default=0)
-        self._plain_since_spec[batch_size] = self._plain_since_spec.get(batch_size, 0) + forwards
         if seconds is not None and forwards:
             self.plain_token_seconds.add(batch_size, seconds / forwards)
-            if self.spec_step_seconds.get(batch_size) is not None:
-                # Speculative steps timed before plain decoding was: they date from now.
-                self._plain_at_spec.setdefault(batch_size, self.plain_token_seconds.get(batch_size))
 
     def _smooth(self, last: float | None, value: float) -> float:
         """The running average: the first value as it is, then each moving it a share."""

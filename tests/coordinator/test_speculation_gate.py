@@ -108,27 +108,32 @@ def test_no_probes_where_even_every_proposal_accepted_would_barely_pay():
         assert gate.allows(record, 1, k) is probes
 
 
-def test_a_host_that_speeds_up_after_the_warm_up_gets_speculation_back():
-    # Warmed up while the host ran slowly (3 tokens a 60 ms step against 20 ms a token),
-    # the request is gated off; then the host runs 2.5 times faster. Against the warm-up's
-    # step time a step with every proposal accepted (7 tokens at 8 ms) would not clear the
-    # probe margin, and only a speculative step times a speculative step: without the
-    # drift rule speculation would stay off for good.
-    gate = SpeculationGate(probe_interval=16, max_probe_interval=128)
-    record = warmed(gate, 3, 0.060, 0.020)
-    assert not gate.allows(record, 1, K)
-    for _ in range(14):  # plain decoding's window, now timed on the faster host
-        gate.observe_plain([(record, 8)], 1, 8 * 0.008)
-    assert not gate.allows(record, 1, K)  # 120 plain forwards since (warm-up's 8): not yet
-    gate.observe_plain([(record, 8)], 1, 8 * 0.008)
-    assert gate.allows(record, 1, K)  # 128: a probe, whatever the margin
-    assert gate.spec_step_seconds.get(1) is None  # its steps time the figure afresh
-    for _ in range(2):
-        gate.observe_speculative([(record, 7)], 1, 0.020)
-    assert all(gate.allows(record, 1, K) for _ in range(5))
-    # Where the host kept its speed, the margin rule stands: no probe.
-    gate = SpeculationGate(probe_interval=16, max_probe_interval=128)
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_figure_nothing_timed_for_refresh_s_is_measured_afresh_by_one_probe():
+    # Warmed up on slow steps (3 tokens a 60 ms step against 8 ms a token), the request is
+    # gated off, and a step with every proposal accepted (7 tokens at 8 ms) would not clear
+    # the probe margin against that figure; only a speculative step times a speculative
+    # step, so without the refresh speculation would stay off for good.
+    clock = FakeClock()
+    gate = SpeculationGate(probe_interval=16, refresh_s=60.0, clock=clock)
     record = warmed(gate, 3, 0.060, 0.008)
-    for _ in range(32):
-        gate.observe_plain([(record, 8)], 1, 8 * 0.008)
-    assert not gate.allows(record, 1, K)
+    other = GateRecord(tokens_per_step=3.0, plain_tokens=1000)
+    for _ in range(8):
+        gate.observe_plain([(record, 8), (other, 8)], 1, 8 * 0.008)
+    clock.now = 59.0
+    assert not gate.allows(record, 1, K)  # the margin rule stands within refresh_s
+    clock.now = 61.0
+    assert gate.allows(record, 1, K)  # a probe, whatever the margin
+    assert not gate.allows(other, 1, K)  # one re-measuring probe at a time
+    gate.observe_speculative([(record, 7)], 1, None)  # the draft caught up: not timed
+    gate.observe_speculative([(record, 7)], 1, 0.020)  # the first timed step: afresh
+    assert gate.spec_step_seconds.get(1) == 0.020
+    assert all(gate.allows(record, 1, K) for _ in range(5))
+    assert gate.allows(other, 1, K)  # 3 tokens a 20 ms step beat 8 ms a token
