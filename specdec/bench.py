@@ -225,8 +225,12 @@ def run_bench(config: StackConfig, args: argparse.Namespace) -> int:
             f"{bs:>5} {row['k']:>3} {row['target_only_tok_s']:>18.1f} {row['spec_tok_s']:>11.1f} "
             f"{speedup:>7.2f}x {row['mean_acceptance_length']:>13.2f} {decode:>33}"
         )
-    keys = ("hf_target_only_tok_s_bs1", "hf_assisted_tok_s_bs1", "overhead_share_bs1")
-    for key in (*keys, "host_steal_share"):
+    for key in (
+        "hf_target_only_tok_s_bs1",
+        "hf_assisted_tok_s_bs1",
+        "overhead_share_bs1",
+        "host_steal_share",
+    ):
         print(f"{key}: {result[key]}")
     for bs, row in (gateway or {}).items():
         print(

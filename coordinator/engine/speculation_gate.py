@@ -29,10 +29,10 @@ though it may have been taken while the host ran slowly (a shared VM) or on a wa
 steps that paid the draft's catch-up: where no speculative step has been timed at the batch
 size for ``refresh_s`` seconds, the next request whose wait is over probes whatever the
 margin, and the probe's first timed step starts the figure afresh (at most one such probe
-per ``refresh_s``, where probes lose). Steps with prefill chunks,
-and those in which the draft catches up on a log it ingested lazily, time neither rate.
-What a request commits never depends on its K except for a seeded sampled one, whose K
-the scheduler keeps fixed; the gate leaves those alone.
+per ``refresh_s``, where probes lose). Steps with prefill chunks, and those in which the
+draft catches up on a log it ingested lazily, time neither rate. What a request commits
+never depends on its K except for a seeded sampled one, whose K the scheduler keeps fixed;
+the gate leaves those alone.
 """
 
 from __future__ import annotations
