@@ -1,7 +1,8 @@
-/* The GGUF kernels for one instruction set: gguf_ops.c includes this file once per ISA,
- * under its `#pragma GCC target`, with ISA(name) naming that copy's functions and TILE the
- * input rows a pass over a dequantised output row (as many as the ISA's registers hold the
- * sums of), QUAD_OUTS whether they hold four output rows' sums at QUAD_ROWS input rows.
+/* The GGUF kernels for one instruction set: gguf_portable.c, gguf_avx2.c and gguf_avx512.c
+ * each include this file once, under its `#pragma GCC target`, with ISA(name) naming that
+ * copy's functions and TILE the input rows a pass over a dequantised output row (as many as
+ * the ISA's registers hold the sums of), QUAD_OUTS whether they hold four output rows' sums
+ * at QUAD_ROWS input rows.
  * Lane for lane the copies compute the same values (see gguf_ops.c). */
 
 static inline __attribute__((always_inline)) vf ISA(load_vf)(const float *p) {
@@ -341,12 +342,12 @@ static inline __attribute__((always_inline)) void ISA(gguf_rows)(const struct gg
 #undef DOT
 #undef DOT_ROWS
 
-static void ISA(linear)(void *ctx, int64_t first, int64_t end) {
+void ISA(linear)(void *ctx, int64_t first, int64_t end) {
     const struct gguf_linear_args *a = ctx;
     float *wide = specdec_scratch((size_t)a->K);
     if (wide != NULL) ISA(gguf_rows)(a, first, end, wide, TILE);
 }
 
-static void ISA(dequant)(int type, const uint8_t *row, int K, float *out) {
+void ISA(dequant)(int type, const uint8_t *row, int K, float *out) {
     ISA(dequant_row)(type, row, K, out);
 }
